@@ -1,0 +1,81 @@
+"""Argument checks shared by the public ops and the cache.
+
+Every failure names the argument, what was expected and what was given. Checks
+that would read a device value back to the host are skipped while tracing
+under `torch.compile` and during CUDA graph capture.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
+
+
+def host_checks_allowed(tensor: torch.Tensor) -> bool:
+    """Whether a check may read `tensor`'s values on the host (no tracing, no graph capture)."""
+    if torch.compiler.is_compiling():
+        return False
+    if tensor.is_cuda and torch.cuda.is_current_stream_capturing():
+        return False
+    return True
+
+
+def check_tensor(name: str, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor; got {type(value).__name__}")
+    return value
+
+
+def check_rank(name: str, tensor: torch.Tensor, rank: int, layout: str) -> None:
+    check_tensor(name, tensor)
+    if tensor.dim() != rank:
+        raise ValueError(f"{name}: expected a {rank}-d tensor {layout}; got shape {tuple(tensor.shape)}")
+
+
+def check_float_dtype(name: str, tensor: torch.Tensor, allowed: Sequence[torch.dtype] = FLOAT_DTYPES) -> None:
+    if tensor.dtype not in allowed:
+        names = ", ".join(str(d).replace("torch.", "") for d in allowed)
+        raise TypeError(f"{name}: expected dtype in ({names}); got {str(tensor.dtype).replace('torch.', '')}")
+
+
+def check_same_dtype(names: Sequence[str], tensors: Sequence[torch.Tensor]) -> None:
+    first = tensors[0]
+    for name, tensor in zip(names[1:], tensors[1:]):
+        if tensor.dtype != first.dtype:
+            raise TypeError(
+                f"{name}: expected the same dtype as {names[0]} ({first.dtype}); got {tensor.dtype}"
+            )
+
+
+def check_same_device(names: Sequence[str], tensors: Iterable[Optional[torch.Tensor]]) -> None:
+    tensors = list(tensors)
+    first = tensors[0]
+    for name, tensor in zip(names[1:], tensors[1:]):
+        if tensor is not None and tensor.device != first.device:
+            raise ValueError(
+                f"{name}: expected a tensor on {first.device} like {names[0]}; got one on {tensor.device}"
+            )
+
+
+def check_head_dim(name: str, head_dim: int) -> None:
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(
+            f"{name}: expected head dim D in {SUPPORTED_HEAD_DIMS}; got D={head_dim}"
+        )
+
+
+def check_lengths(name: str, lens: torch.Tensor, batch: int, low: int, high: int) -> None:
+    """`lens` must be `[batch]` int32/int64 with values in `[low, high]` (values checked eagerly)."""
+    check_rank(name, lens, 1, "[B]")
+    if lens.shape[0] != batch:
+        raise ValueError(f"{name}: expected shape [B] = [{batch}]; got {tuple(lens.shape)}")
+    if lens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name}: expected dtype int32 or int64; got {lens.dtype}")
+    if host_checks_allowed(lens) and lens.numel() > 0:
+        lo, hi = int(lens.min()), int(lens.max())
+        if lo < low or hi > high:
+            raise ValueError(f"{name}: expected values in [{low}, {high}]; got values in [{lo}, {hi}]")
