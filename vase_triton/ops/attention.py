@@ -142,6 +142,8 @@ def prefill_attention(
         check_rank(name, tensor, 4, "[B, H, T, D]")
         check_float_dtype(name, tensor)
     check_same_dtype(("q", "k", "v"), (q, k, v))
+    if kv_lens is not None:
+        check_tensor("kv_lens", kv_lens)
     check_same_device(("q", "k", "v", "kv_lens"), (q, k, v, kv_lens))
     _check_kv_pair(q, k, v, "k", "v")
     check_head_dim("q", q.shape[-1])
@@ -191,6 +193,8 @@ def decode_attention(
         check_float_dtype(name, tensor)
     check_same_dtype(("q", "k_cache", "v_cache"), (q, k_cache, v_cache))
     check_tensor("cache_lens", cache_lens)
+    if scores is not None:
+        check_tensor("scores", scores)
     check_same_device(("q", "k_cache", "v_cache", "cache_lens", "scores"), (q, k_cache, v_cache, cache_lens, scores))
     if q.shape[2] != 1:
         raise ValueError(f"q: expected one query per sequence, shape [B, Hq, 1, D]; got {tuple(q.shape)}")

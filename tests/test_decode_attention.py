@@ -1,0 +1,189 @@
+"""Split-K decode attention against the float64 reference, including score accumulation.
+
+Outputs are compared with `reference.decode_attention` in float64 with an error bound
+of twice PyTorch's own same-dtype error plus a small floor. Score buffers start from
+random values with a sentinel past the valid slots: each call must add exactly the
+reference probabilities on valid slots and leave every other slot untouched.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import pytest
+import torch
+
+import vase_triton.ops
+from vase_triton import reference
+from vase_triton.kernels.decode_attention import decode_attention_triton
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+SENTINEL = -12345.0
+
+
+@dataclass(frozen=True)
+class Case:
+    q_heads: int
+    kv_heads: int
+    capacity: int
+    head_dim: int
+    dtype: torch.dtype
+    cache_lens: tuple[int, ...]
+    num_splits: Optional[int]
+
+    @property
+    def batch(self) -> int:
+        return len(self.cache_lens)
+
+    @property
+    def id(self) -> str:
+        splits = "auto" if self.num_splits is None else str(self.num_splits)
+        return (
+            f"B{self.batch}-Hq{self.q_heads}-Hkv{self.kv_heads}-C{self.capacity}-D{self.head_dim}-"
+            f"lens{'_'.join(map(str, self.cache_lens))}-S{splits}-{DTYPE_NAMES[self.dtype]}"
+        )
+
+
+CASES = [
+    Case(4, 4, 1, 64, torch.float32, (1, 1), None),
+    Case(8, 4, 63, 64, torch.float16, (1, 63), 1),
+    Case(8, 1, 111, 128, torch.bfloat16, (0, 111, 70), None),
+    Case(8, 2, 257, 128, torch.bfloat16, (257, 129), 3),
+    Case(4, 1, 1000, 64, torch.float32, (1000, 517), 5),
+    Case(2, 1, 257, 32, torch.float16, (200,), 2),
+    Case(4, 2, 111, 256, torch.float32, (111, 3), 1),
+    Case(2, 2, 1000, 128, torch.float16, (999, 1), None),
+    Case(16, 2, 63, 64, torch.bfloat16, (40, 63), None),
+]
+
+
+def make_inputs(case: Case, device: torch.device, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (case.batch, case.kv_heads, case.capacity, case.head_dim)
+    q = torch.randn(case.batch, case.q_heads, 1, case.head_dim, generator=gen) * 1.5
+    k = torch.randn(shape, generator=gen)
+    v = torch.randn(shape, generator=gen)
+    q, k, v = (t.to(device=device, dtype=case.dtype) for t in (q, k, v))
+    cache_lens = torch.tensor(case.cache_lens, dtype=torch.int32, device=device)
+    return q, k, v, cache_lens
+
+
+def initial_scores(case: Case, device: torch.device, lens: tuple[int, ...]) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(7)
+    scores = torch.rand(case.batch, case.kv_heads, case.capacity, generator=gen)
+    for b, length in enumerate(lens):
+        scores[b, :, length:] = SENTINEL
+    return scores.to(device)
+
+
+def torch_same_dtype(q, k, v, cache_lens, scale):
+    """Decode attention computed by PyTorch in the input dtype: the accuracy baseline."""
+    group = q.shape[1] // k.shape[1]
+    keys = k.repeat_interleave(group, dim=1)
+    values = v.repeat_interleave(group, dim=1)
+    visible = torch.arange(k.shape[2], device=q.device).view(1, 1, 1, -1) < cache_lens.view(-1, 1, 1, 1)
+    logits = (torch.matmul(q, keys.transpose(-1, -2)) * scale).masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(logits.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
+    return torch.matmul(probs, values)
+
+
+def assert_close_to_reference(actual, baseline, expected):
+    kernel_err = (actual.double() - expected).abs().max().item()
+    torch_err = (baseline.double() - expected).abs().max().item()
+    floor = 1e-5 * max(1.0, expected.abs().max().item())
+    assert kernel_err <= 2 * torch_err + floor, f"kernel error {kernel_err:.3e}, torch error {torch_err:.3e}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_decode_matches_float64_reference(case: Case, device):
+    q, k, v, cache_lens = make_inputs(case, device)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    out_buf = torch.full_like(q, float("nan"))
+    scores = initial_scores(case, device, case.cache_lens)
+    ref_scores = scores.double()
+
+    out = decode_attention_triton(q, k, v, cache_lens, scale, scores, out=out_buf, num_splits=case.num_splits)
+    assert out.data_ptr() == out_buf.data_ptr() and not out.isnan().any()
+
+    ref_out = reference.decode_attention(
+        q.double(), k.double(), v.double(), cache_lens, scale=scale, scores=ref_scores
+    )
+    assert_close_to_reference(out, torch_same_dtype(q, k, v, cache_lens, scale), ref_out)
+    empty = cache_lens == 0
+    assert torch.equal(out[empty], torch.zeros_like(out[empty]))
+    torch.testing.assert_close(scores.double(), ref_scores, rtol=1e-5, atol=1e-6)
+    for b, length in enumerate(case.cache_lens):
+        assert torch.all(scores[b, :, length:] == SENTINEL)
+
+
+@pytest.mark.parametrize("case", [CASES[3], CASES[4], CASES[8]], ids=[CASES[i].id for i in (3, 4, 8)])
+def test_scores_accumulate_over_steps(case: Case, device):
+    """Three steps with growing lengths, as decode appends tokens, into one buffer."""
+    q, k, v, _ = make_inputs(case, device, seed=1)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    steps = [tuple(max(0, n - 2 + i) for n in case.cache_lens) for i in range(3)]
+    scores = initial_scores(case, device, steps[0])
+    expected = scores.double()
+    for i, lens in enumerate(steps):
+        step_q = q * (1.0 + 0.25 * i)
+        cache_lens = torch.tensor(lens, dtype=torch.int64, device=device)
+        decode_attention_triton(step_q, k, v, cache_lens, scale, scores, num_splits=case.num_splits)
+        reference.decode_attention(
+            step_q.double(), k.double(), v.double(), cache_lens, scale=scale, scores=expected
+        )
+    torch.testing.assert_close(scores.double(), expected, rtol=1e-5, atol=1e-6)
+    for b in range(case.batch):
+        assert torch.all(scores[b, :, steps[-1][b] :] == SENTINEL)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 5])
+def test_split_counts_agree_with_reference(num_splits: int, device):
+    case = Case(8, 2, 513, 64, torch.float32, (513, 300), num_splits)
+    q, k, v, cache_lens = make_inputs(case, device, seed=2)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    scores = torch.zeros(case.batch, case.kv_heads, case.capacity, device=device)
+    expected = scores.double()
+    out = decode_attention_triton(q, k, v, cache_lens, scale, scores, num_splits=num_splits)
+    ref_out = reference.decode_attention(q.double(), k.double(), v.double(), cache_lens, scale=scale, scores=expected)
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(scores.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_empty_cache_gives_zero_and_adds_nothing(device):
+    case = Case(8, 2, 63, 64, torch.float16, (0, 0), None)
+    q, k, v, cache_lens = make_inputs(case, device, seed=3)
+    scores = initial_scores(case, device, case.cache_lens)
+    before = scores.clone()
+    out = decode_attention_triton(q, k, v, cache_lens, 0.125, scores, out=torch.full_like(q, float("nan")))
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(scores, before)
+
+
+def test_strided_cache_views_are_read_in_place(device):
+    """Caches viewed from a `[B, C, Hkv, D]` layout and from a larger capacity give the same result."""
+    case = CASES[3]
+    q, k, v, cache_lens = make_inputs(case, device, seed=4)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    k_view = k.transpose(1, 2).contiguous().transpose(1, 2)
+    v_big = torch.zeros(case.batch, case.kv_heads, case.capacity + 9, case.head_dim, dtype=case.dtype, device=device)
+    v_big[:, :, : case.capacity] = v
+    v_view = v_big[:, :, : case.capacity]
+    assert not k_view.is_contiguous() and not v_view.is_contiguous()
+    scores_a = torch.zeros(case.batch, case.kv_heads, case.capacity, device=device)
+    scores_b = torch.zeros_like(scores_a)
+    expected = decode_attention_triton(q, k, v, cache_lens, scale, scores_a, num_splits=2)
+    actual = decode_attention_triton(q, k_view, v_view, cache_lens, scale, scores_b, num_splits=2)
+    assert torch.equal(actual, expected) and torch.equal(scores_b, scores_a)
+
+
+def test_public_op_runs_the_kernel(device):
+    case = CASES[2]
+    q, k, v, cache_lens = make_inputs(case, device, seed=5)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    scores_op = initial_scores(case, device, case.cache_lens)
+    scores_kernel = scores_op.clone()
+    out = vase_triton.ops.decode_attention(q, k, v, cache_lens, scores=scores_op)
+    expected = decode_attention_triton(q, k, v, cache_lens, scale, scores_kernel)
+    assert torch.equal(out, expected) and torch.equal(scores_op, scores_kernel)

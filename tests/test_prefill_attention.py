@@ -1,0 +1,197 @@
+"""Prefill attention kernels against the float64 reference.
+
+Every case runs the launcher on NaN-poisoned output buffers and compares out, lse
+and window scores with `reference.prefill_attention` evaluated in float64. The
+allowed error is twice what PyTorch itself reaches computing the same attention in
+the input dtype, plus a small floor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import pytest
+import torch
+
+import vase_triton.ops
+from vase_triton import reference
+from vase_triton.kernels.prefill_attention import prefill_attention_triton
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    q_heads: int
+    kv_heads: int
+    q_len: int
+    k_len: int
+    head_dim: int
+    causal: bool
+    dtype: torch.dtype
+    kv_lens: Optional[tuple[int, ...]]
+    window: int
+
+    @property
+    def id(self) -> str:
+        lens = "full" if self.kv_lens is None else "lens" + "_".join(map(str, self.kv_lens))
+        return (
+            f"B{self.batch}-Hq{self.q_heads}-Hkv{self.kv_heads}-Tq{self.q_len}-Tk{self.k_len}-D{self.head_dim}-"
+            f"{'causal' if self.causal else 'noncausal'}-{lens}-W{self.window}-{DTYPE_NAMES[self.dtype]}"
+        )
+
+
+CASES = [
+    Case(2, 4, 4, 1, 1, 64, True, torch.float32, None, 1),
+    Case(2, 8, 4, 7, 63, 64, True, torch.float16, (1, 63), 3),
+    Case(3, 8, 1, 63, 111, 128, False, torch.bfloat16, (0, 111, 70), 16),
+    Case(1, 8, 2, 128, 257, 128, True, torch.bfloat16, None, 64),
+    Case(2, 4, 1, 128, 1000, 64, True, torch.float32, (1000, 129), 128),
+    Case(1, 2, 1, 63, 257, 32, False, torch.float16, None, 0),
+    Case(2, 4, 2, 7, 111, 256, True, torch.float32, (111, 3), 7),
+    Case(2, 2, 2, 1, 1000, 128, False, torch.float16, (1, 999), 1),
+    Case(2, 8, 2, 63, 63, 64, True, torch.bfloat16, (63, 40), 5),
+    Case(1, 8, 1, 7, 257, 128, True, torch.float32, (200,), 0),
+    Case(2, 4, 1, 1, 63, 64, True, torch.bfloat16, (0, 1), 1),
+]
+
+
+def make_inputs(case: Case, device: torch.device, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(case.batch, case.q_heads, case.q_len, case.head_dim, generator=gen) * 1.5
+    k = torch.randn(case.batch, case.kv_heads, case.k_len, case.head_dim, generator=gen)
+    v = torch.randn(case.batch, case.kv_heads, case.k_len, case.head_dim, generator=gen)
+    q, k, v = (t.to(device=device, dtype=case.dtype) for t in (q, k, v))
+    kv_lens = None if case.kv_lens is None else torch.tensor(case.kv_lens, dtype=torch.int32, device=device)
+    return q, k, v, kv_lens
+
+
+def visibility(batch: int, q_len: int, k_len: int, causal: bool, kv_lens, device) -> torch.Tensor:
+    """`[B, 1, Tq, Tk]` bool: which keys each end-aligned query sees."""
+    lens = torch.full((batch,), k_len, device=device) if kv_lens is None else kv_lens.long()
+    keys = torch.arange(k_len, device=device).view(1, 1, k_len)
+    visible = keys < lens.view(batch, 1, 1)
+    if causal:
+        pos = lens.view(batch, 1, 1) - q_len + torch.arange(q_len, device=device).view(1, q_len, 1)
+        visible = visible & (keys <= pos)
+    return visible.expand(batch, q_len, k_len).unsqueeze(1)
+
+
+def torch_same_dtype(q, k, v, scale, causal, kv_lens, window):
+    """Attention computed by PyTorch in the input dtype: the accuracy baseline."""
+    group = q.shape[1] // k.shape[1]
+    keys = k.repeat_interleave(group, dim=1)
+    values = v.repeat_interleave(group, dim=1)
+    visible = visibility(q.shape[0], q.shape[2], k.shape[2], causal, kv_lens, q.device)
+    logits = (torch.matmul(q, keys.transpose(-1, -2)) * scale).masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(logits.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
+    out = torch.matmul(probs, values)
+    lse = torch.logsumexp(logits.float(), dim=-1)
+    window_probs = probs[:, :, q.shape[2] - window :, :].float().sum(dim=2)
+    scores = window_probs.view(k.shape[0], k.shape[1], group, k.shape[2]).sum(dim=2)
+    return out, lse, scores
+
+
+def max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Largest absolute difference over finite entries (both sides must agree on infinities)."""
+    actual, expected = actual.double(), expected.double()
+    finite = torch.isfinite(expected)
+    assert torch.equal(torch.isfinite(actual), finite)
+    assert torch.equal(actual[~finite], expected[~finite])
+    if not finite.any():
+        return 0.0
+    return (actual[finite] - expected[finite]).abs().max().item()
+
+
+def assert_close_to_reference(name, actual, baseline, expected):
+    kernel_err = max_error(actual, expected)
+    torch_err = max_error(baseline, expected)
+    finite = expected[torch.isfinite(expected)]
+    floor = 1e-5 * max(1.0, finite.abs().max().item() if finite.numel() else 0.0)
+    assert kernel_err <= 2 * torch_err + floor, f"{name}: kernel error {kernel_err:.3e}, torch error {torch_err:.3e}"
+
+
+def poisoned_outputs(case: Case, device):
+    out_shape = (case.batch, case.q_heads, case.q_len, case.head_dim)
+    out = torch.full(out_shape, float("nan"), dtype=case.dtype, device=device)
+    lse = torch.full((case.batch, case.q_heads, case.q_len), float("nan"), device=device)
+    score_len = case.k_len if case.window > 0 else 0
+    scores = torch.full((case.batch, case.kv_heads, score_len), float("nan"), device=device)
+    return out, lse, scores
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_prefill_matches_float64_reference(case: Case, device):
+    q, k, v, kv_lens = make_inputs(case, device)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    out_buf, lse_buf, scores_buf = poisoned_outputs(case, device)
+    out, lse, scores = prefill_attention_triton(
+        q, k, v, kv_lens, scale, case.causal, case.window, out=out_buf, lse=lse_buf, scores=scores_buf
+    )
+    assert out.data_ptr() == out_buf.data_ptr() and lse.data_ptr() == lse_buf.data_ptr()
+    assert scores.data_ptr() == scores_buf.data_ptr() and scores.shape == scores_buf.shape
+    assert not out.isnan().any() and not lse.isnan().any() and not scores.isnan().any()
+
+    ref_out, ref_lse, ref_scores = reference.prefill_attention(
+        q.double(), k.double(), v.double(), scale=scale, causal=case.causal, kv_lens=kv_lens, score_window=case.window
+    )
+    base_out, base_lse, base_scores = torch_same_dtype(q, k, v, scale, case.causal, kv_lens, case.window)
+    assert_close_to_reference("out", out, base_out, ref_out)
+    assert_close_to_reference("lse", lse, base_lse, ref_lse)
+
+    unseen = torch.isinf(ref_lse)
+    assert torch.equal(out[unseen], torch.zeros_like(out[unseen]))
+    if case.window == 0:
+        return
+    assert_close_to_reference("scores", scores, base_scores, ref_scores)
+    group = case.q_heads // case.kv_heads
+    lens = [case.k_len] * case.batch if case.kv_lens is None else list(case.kv_lens)
+    for b, length in enumerate(lens):
+        assert torch.all(scores[b, :, length:] == 0.0)
+        window_sees_keys = length >= case.window if case.causal else length >= 1
+        if window_sees_keys:
+            sums = scores[b, :, :length].double().sum(dim=-1)
+            expected = torch.full_like(sums, float(case.window * group))
+            torch.testing.assert_close(sums, expected, rtol=1e-4, atol=0.0)
+
+
+@pytest.mark.parametrize("case", CASES[1:4], ids=[c.id for c in CASES[1:4]])
+def test_public_op_runs_the_kernel(case: Case, device):
+    q, k, v, kv_lens = make_inputs(case, device, seed=1)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    out, lse, scores = vase_triton.ops.prefill_attention(
+        q, k, v, causal=case.causal, kv_lens=kv_lens, score_window=case.window
+    )
+    k_out, k_lse, k_scores = prefill_attention_triton(q, k, v, kv_lens, scale, case.causal, case.window)
+    assert torch.equal(out, k_out) and torch.equal(lse, k_lse)
+    if case.window == 0:
+        assert scores is None
+    else:
+        assert torch.equal(scores, k_scores)
+
+
+@pytest.mark.parametrize("case", [CASES[3], CASES[6]], ids=[CASES[3].id, CASES[6].id])
+def test_non_contiguous_inputs(case: Case, device):
+    q, k, v, kv_lens = make_inputs(case, device, seed=2)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    # [B, T, H, D] storage viewed as [B, H, T, D], as projections produce it.
+    q_t, k_t, v_t = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    assert not q_t.is_contiguous() and not k_t.is_contiguous()
+    expected = prefill_attention_triton(q, k, v, kv_lens, scale, case.causal, case.window)
+    actual = prefill_attention_triton(q_t, k_t, v_t, kv_lens, scale, case.causal, case.window)
+    for a, e in zip(actual, expected):
+        assert torch.equal(a, e)
+
+
+def test_int64_kv_lens_and_no_lens_agree(device):
+    case = CASES[4]
+    q, k, v, _ = make_inputs(case, device, seed=3)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    full = torch.full((case.batch,), case.k_len, dtype=torch.int64, device=device)
+    with_lens = prefill_attention_triton(q, k, v, full, scale, True, 4)
+    without = prefill_attention_triton(q, k, v, None, scale, True, 4)
+    for a, e in zip(with_lens, without):
+        assert torch.equal(a, e)

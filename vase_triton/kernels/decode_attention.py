@@ -1,0 +1,321 @@
+"""Decode attention over a static KV cache: flash-decoding split-K with score emission.
+
+Stage 1, `_decode_partial_kernel`, runs one program per (batch x KV head, split):
+it streams its chunk of cache slots once and attends with all the group's query
+heads together (the group padded to at least 16 rows for `tl.dot`), writing a
+partial output, a partial log-sum-exp and, when scores are requested, the
+scaled logits of its chunk to an fp32 workspace.
+
+Stage 2, `_decode_combine_kernel`, has the same grid: each program rebuilds the
+group's global log-sum-exp from the partials; split 0 writes the combined output
+and every split adds `exp(logit - lse)`, summed over the group, into the score
+buffer for the valid slots of its chunk. Slots at or past `cache_lens[b]` are
+never read and never written. Log-sum-exps and logits are kept in base 2.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from vase_triton.backend import interpreter_enabled
+
+_LOG2E = 1.4426950408889634
+_MIN_GROUP_ROWS = 16
+_MAX_SPLITS = 128
+
+
+@triton.jit
+def _decode_partial_kernel(
+    # pointers
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    cache_lens_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    logits_ptr,
+    # sizes
+    q_heads,
+    kv_heads,
+    group,
+    capacity,
+    chunk,
+    num_splits,
+    qk_scale,
+    # strides
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vt,
+    stride_vd,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    EMIT_LOGITS: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_bh = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    batch = pid_bh // kv_heads
+    kv_head = pid_bh % kv_heads
+    seq_len = tl.load(cache_lens_ptr + batch).to(tl.int32)
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
+    offs_g = tl.arange(0, BLOCK_G)  # [BLOCK_G]
+    offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    offs_d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
+    row_valid = offs_g < group
+    heads = kv_head * group + offs_g  # [BLOCK_G]
+
+    q = tl.load(
+        q_ptr + batch * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=row_valid[:, None],
+        other=0.0,
+    )
+    if UPCAST:
+        q = q.to(tl.float32)  # [BLOCK_G, HEAD_DIM]
+    k_base = k_ptr + batch * stride_kb + kv_head * stride_kh
+    v_base = v_ptr + batch * stride_vb + kv_head * stride_vh
+    logits_rows = logits_ptr + (batch * q_heads + heads) * capacity  # [BLOCK_G]
+
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
+    for start_n in range(start, end, BLOCK_N):
+        cols = start_n + offs_n
+        col_valid = cols < end
+        k = tl.load(
+            k_base + cols[:, None] * stride_kt + offs_d[None, :] * stride_kd, mask=col_valid[:, None], other=0.0
+        )  # [BLOCK_N, HEAD_DIM]
+        v = tl.load(
+            v_base + cols[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=col_valid[:, None], other=0.0
+        )  # [BLOCK_N, HEAD_DIM]
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
+        s = tl.where(col_valid[None, :], s, float("-inf"))
+        if EMIT_LOGITS:
+            tl.store(logits_rows[:, None] + cols[None, :], s, mask=row_valid[:, None] & col_valid[None, :])
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    seen = l_i > 0.0
+    safe_l = tl.where(seen, l_i, 1.0)
+    part_out = acc / safe_l[:, None]
+    part_lse = tl.where(seen, m_i + tl.log2(safe_l), float("-inf"))
+    part_rows = (batch * q_heads + heads) * num_splits + split  # [BLOCK_G]
+    tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], part_out, mask=row_valid[:, None])
+    tl.store(part_lse_ptr + part_rows, part_lse, mask=row_valid)
+
+
+@triton.jit
+def _decode_combine_kernel(
+    # pointers
+    part_out_ptr,
+    part_lse_ptr,
+    logits_ptr,
+    cache_lens_ptr,
+    out_ptr,
+    scores_ptr,
+    # sizes
+    q_heads,
+    kv_heads,
+    group,
+    capacity,
+    chunk,
+    num_splits,
+    # strides
+    stride_ob,
+    stride_oh,
+    stride_sb,
+    stride_sh,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    EMIT_SCORES: tl.constexpr,
+):
+    pid_bh = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    batch = pid_bh // kv_heads
+    kv_head = pid_bh % kv_heads
+
+    offs_g = tl.arange(0, BLOCK_G)  # [BLOCK_G]
+    offs_s = tl.arange(0, BLOCK_S)  # [BLOCK_S]
+    offs_d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
+    row_valid = offs_g < group
+    heads = kv_head * group + offs_g  # [BLOCK_G]
+    part_rows = (batch * q_heads + heads) * num_splits  # [BLOCK_G]
+
+    part_lse = tl.load(
+        part_lse_ptr + part_rows[:, None] + offs_s[None, :],
+        mask=row_valid[:, None] & (offs_s[None, :] < num_splits),
+        other=float("-inf"),
+    )  # [BLOCK_G, BLOCK_S]
+    lse_max = tl.max(part_lse, axis=1)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    total = tl.sum(tl.exp2(part_lse - lse_max[:, None]), axis=1)
+    seen = total > 0.0
+    lse = tl.where(seen, lse_max + tl.log2(tl.where(seen, total, 1.0)), float("-inf"))  # [BLOCK_G]
+    lse_safe = tl.where(seen, lse, 0.0)
+
+    if split == 0:
+        acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
+        for s in range(0, num_splits):
+            weight = tl.exp2(tl.load(part_lse_ptr + part_rows + s, mask=row_valid, other=float("-inf")) - lse_safe)
+            part = tl.load(
+                part_out_ptr + (part_rows[:, None] + s) * HEAD_DIM + offs_d[None, :], mask=row_valid[:, None], other=0.0
+            )  # [BLOCK_G, HEAD_DIM]
+            acc += weight[:, None] * part
+        tl.store(
+            out_ptr + batch * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+            acc.to(out_ptr.dtype.element_ty),
+            mask=row_valid[:, None],
+        )
+
+    if EMIT_SCORES:
+        seq_len = tl.load(cache_lens_ptr + batch).to(tl.int32)
+        start = split * chunk
+        end = tl.minimum(start + chunk, seq_len)
+        logits_rows = logits_ptr + (batch * q_heads + heads) * capacity  # [BLOCK_G]
+        scores_row = scores_ptr + batch * stride_sb + kv_head * stride_sh
+        offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
+        for start_n in range(start, end, BLOCK_N):
+            cols = start_n + offs_n
+            col_valid = cols < end
+            mask = row_valid[:, None] & col_valid[None, :]
+            logits = tl.load(logits_rows[:, None] + cols[None, :], mask=mask, other=float("-inf"))
+            p = tl.where(mask, tl.exp2(logits - lse_safe[:, None]), 0.0)  # [BLOCK_G, BLOCK_N]
+            previous = tl.load(scores_row + cols, mask=col_valid, other=0.0)
+            tl.store(scores_row + cols, previous + tl.sum(p, axis=0), mask=col_valid)
+
+
+class _Config(NamedTuple):
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def _decode_config(head_dim: int, dtype: torch.dtype) -> _Config:
+    """Key-block size, warps and pipeline stages of the split-K kernel."""
+    if interpreter_enabled():
+        return _Config(128, 4, 1)
+    if dtype == torch.float32:
+        return _Config(32, 4, 2)
+    if head_dim <= 128:
+        return _Config(64, 4, 3)
+    return _Config(32, 4, 3)
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessor_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, device: torch.device) -> int:
+    """Splits per (sequence, KV head): about four programs per SM, at most one per key block."""
+    key_blocks = triton.cdiv(capacity, block_n)
+    if device.type != "cuda":
+        return min(2, key_blocks)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    target = 4 * _multiprocessor_count(index)
+    return max(1, min(triton.cdiv(target, batch * kv_heads), key_blocks, _MAX_SPLITS))
+
+
+def decode_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    scale: float,
+    scores: Optional[torch.Tensor],
+    *,
+    out: Optional[torch.Tensor] = None,
+    num_splits: Optional[int] = None,
+) -> torch.Tensor:
+    """Launch split-K decode attention; optionally add this step's probabilities into `scores`.
+
+    Args:
+        q: `[B, Hq, 1, D]`.
+        k_cache, v_cache: `[B, Hkv, C, D]`, any strides (never copied).
+        cache_lens: `[B]` int32/int64 valid slots per sequence.
+        scale: softmax scale.
+        scores: `[B, Hkv, C]` float32 contiguous or None; updated in place on valid slots.
+        out: optional preallocated `[B, Hq, 1, D]` output in `q.dtype`.
+        num_splits: force the number of key splits per (sequence, KV head).
+
+    Returns:
+        `[B, Hq, 1, D]` in `q.dtype`.
+    """
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    cache_lens = cache_lens.contiguous()
+    batch, q_heads, _, head_dim = q.shape
+    kv_heads, capacity = k_cache.shape[1], k_cache.shape[2]
+    group = q_heads // kv_heads
+    if out is None:
+        out = torch.empty((batch, q_heads, 1, head_dim), dtype=q.dtype, device=q.device)
+    if tuple(out.shape) != (batch, q_heads, 1, head_dim) or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(
+            f"out: expected a [B, Hq, 1, D] = {[batch, q_heads, 1, head_dim]} {q.dtype} tensor with last-dim "
+            f"stride 1; got shape {list(out.shape)}, dtype {out.dtype}, strides {out.stride()}"
+        )
+    if out.numel() == 0:
+        return out
+    if capacity == 0:
+        return out.zero_()
+
+    cfg = _decode_config(head_dim, q.dtype)
+    if num_splits is None:
+        num_splits = _num_splits(batch, kv_heads, capacity, cfg.block_n, q.device)
+    elif not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits: expected a positive int or None; got {num_splits!r}")
+    chunk = cfg.block_n * triton.cdiv(triton.cdiv(capacity, cfg.block_n), num_splits)
+    num_splits = triton.cdiv(capacity, chunk)
+
+    emit = scores is not None
+    part_out = torch.empty((batch, q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((batch, q_heads, num_splits), dtype=torch.float32, device=q.device)
+    logits = torch.empty((batch, q_heads, capacity if emit else 0), dtype=torch.float32, device=q.device)
+    scores_arg = scores if emit else logits
+    block_g = max(_MIN_GROUP_ROWS, triton.next_power_of_2(group))
+    grid = (batch * kv_heads, num_splits)
+
+    _decode_partial_kernel[grid](
+        q, k_cache, v_cache, cache_lens, part_out, part_lse, logits,
+        q_heads, kv_heads, group, capacity, chunk, num_splits, float(scale) * _LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
+        HEAD_DIM=head_dim, BLOCK_G=block_g, BLOCK_N=cfg.block_n, EMIT_LOGITS=emit,
+        UPCAST=interpreter_enabled(), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    _decode_combine_kernel[grid](
+        part_out, part_lse, logits, cache_lens, out, scores_arg,
+        q_heads, kv_heads, group, capacity, chunk, num_splits,
+        out.stride(0), out.stride(1), scores_arg.stride(0), scores_arg.stride(1),
+        HEAD_DIM=head_dim, BLOCK_G=block_g, BLOCK_S=triton.next_power_of_2(num_splits),
+        BLOCK_N=cfg.block_n, EMIT_SCORES=emit,
+        num_warps=4, num_stages=1,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,377 @@
+"""Prefill attention: FlashAttention-2-style forward plus window importance scores.
+
+`_prefill_forward_kernel` runs one program per (query block, batch x query head):
+an online softmax in fp32 over key blocks, writing the output and the
+log-sum-exp. `_prefill_scores_kernel` runs one program per (key block, batch x KV
+head): it recomputes the logits of the last `score_window` queries of every query
+head of the group against its keys and sums `exp(logit - lse)` with the final
+log-sum-exp, so no attention matrix is stored and no atomics are needed.
+
+Queries are end-aligned: query `i` of sequence `b` sits at position
+`kv_lens[b] - Tq + i`, sees keys `j < kv_lens[b]` and, when causal, `j <= position`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from vase_triton.backend import interpreter_enabled
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _prefill_forward_kernel(
+    # pointers
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    kv_lens_ptr,
+    out_ptr,
+    lse_ptr,
+    # sizes
+    q_heads,
+    q_len,
+    k_len,
+    group,
+    qk_scale,
+    # strides
+    stride_qb,
+    stride_qh,
+    stride_qt,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_vb,
+    stride_vh,
+    stride_vt,
+    stride_ob,
+    stride_oh,
+    stride_ot,
+    stride_lb,
+    stride_lh,
+    stride_lt,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_KV_LENS: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    batch = pid_bh // q_heads
+    head = pid_bh % q_heads
+    kv_head = head // group
+
+    if HAS_KV_LENS:
+        seq_len = tl.load(kv_lens_ptr + batch).to(tl.int32)
+    else:
+        seq_len = k_len
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    offs_d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
+    row_valid = offs_m < q_len
+    q_pos = seq_len - q_len + offs_m  # [BLOCK_M]
+
+    # Keys in [0, full_end) are visible to every row of the block; [full_end, stop) need masks.
+    first_pos = seq_len - q_len + pid_m * BLOCK_M
+    if CAUSAL:
+        last_pos = first_pos + BLOCK_M - 1
+        stop = tl.maximum(tl.minimum(seq_len, last_pos + 1), 0)
+        full_end = tl.maximum(tl.minimum(seq_len, first_pos + 1), 0)
+    else:
+        stop = seq_len
+        full_end = seq_len
+    full_end = (full_end // BLOCK_N) * BLOCK_N
+
+    q_base = q_ptr + batch * stride_qb + head * stride_qh
+    q = tl.load(q_base + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_valid[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)  # [BLOCK_M, HEAD_DIM]
+    k_base = k_ptr + batch * stride_kb + kv_head * stride_kh
+    v_base = v_ptr + batch * stride_vb + kv_head * stride_vh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+    for start_n in range(0, full_end, BLOCK_N):
+        cols = start_n + offs_n
+        k = tl.load(k_base + cols[:, None] * stride_kt + offs_d[None, :])  # [BLOCK_N, HEAD_DIM]
+        v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :])  # [BLOCK_N, HEAD_DIM]
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    for start_n in range(full_end, stop, BLOCK_N):
+        cols = start_n + offs_n
+        col_valid = cols < seq_len
+        k = tl.load(k_base + cols[:, None] * stride_kt + offs_d[None, :], mask=col_valid[:, None], other=0.0)
+        v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :], mask=col_valid[:, None], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        visible = col_valid[None, :]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= q_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    seen = l_i > 0.0
+    inv_l = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)
+    out = acc * inv_l[:, None]
+    lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+
+    out_base = out_ptr + batch * stride_ob + head * stride_oh
+    tl.store(
+        out_base + offs_m[:, None] * stride_ot + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_valid[:, None],
+    )
+    tl.store(lse_ptr + batch * stride_lb + head * stride_lh + offs_m * stride_lt, lse, mask=row_valid)
+
+
+@triton.jit
+def _prefill_scores_kernel(
+    # pointers
+    q_ptr,
+    k_ptr,
+    lse_ptr,
+    kv_lens_ptr,
+    scores_ptr,
+    # sizes
+    kv_heads,
+    q_len,
+    k_len,
+    group,
+    window,
+    qk_scale,
+    # strides
+    stride_qb,
+    stride_qh,
+    stride_qt,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_lb,
+    stride_lh,
+    stride_lt,
+    stride_sb,
+    stride_sh,
+    stride_st,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_KV_LENS: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    batch = pid_bh // kv_heads
+    kv_head = pid_bh % kv_heads
+
+    if HAS_KV_LENS:
+        seq_len = tl.load(kv_lens_ptr + batch).to(tl.int32)
+    else:
+        seq_len = k_len
+
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    offs_r = tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    offs_d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
+    col_valid = cols < seq_len
+    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+
+    if pid_n * BLOCK_N < seq_len:
+        k_base = k_ptr + batch * stride_kb + kv_head * stride_kh
+        k = tl.load(k_base + cols[:, None] * stride_kt + offs_d[None, :], mask=col_valid[:, None], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)  # [BLOCK_N, HEAD_DIM]
+        q_base = q_ptr + batch * stride_qb + kv_head * group * stride_qh
+        l_base = lse_ptr + batch * stride_lb + kv_head * group * stride_lh
+        # Rows enumerate (query head of the group, window query): row r is head r // window,
+        # query q_len - window + r % window.
+        for start_r in range(0, group * window, BLOCK_M):
+            rows = start_r + offs_r
+            row_valid = rows < group * window
+            row_head = rows // window
+            row_t = q_len - window + rows % window
+            q = tl.load(
+                q_base + row_head[:, None] * stride_qh + row_t[:, None] * stride_qt + offs_d[None, :],
+                mask=row_valid[:, None],
+                other=0.0,
+            )
+            if UPCAST:
+                q = q.to(tl.float32)  # [BLOCK_M, HEAD_DIM]
+            lse = tl.load(l_base + row_head * stride_lh + row_t * stride_lt, mask=row_valid, other=float("-inf"))
+            row_seen = lse > float("-inf")
+            lse2 = tl.where(row_seen, lse * 1.4426950408889634, 0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+            visible = row_seen[:, None] & col_valid[None, :]
+            if CAUSAL:
+                q_pos = seq_len - q_len + row_t
+                visible = visible & (cols[None, :] <= q_pos[:, None])
+            p = tl.where(visible, tl.exp2(s - lse2[:, None]), 0.0)
+            total += tl.sum(p, axis=0)
+
+    tl.store(scores_ptr + batch * stride_sb + kv_head * stride_sh + cols * stride_st, total, mask=cols < k_len)
+
+
+class _Config(NamedTuple):
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def _interpreter_block_m(rows: int) -> int:
+    # Interpreted tl.dot costs the full padded tile: size row blocks to the rows there are.
+    return min(128, max(16, triton.next_power_of_2(rows)))
+
+
+def _forward_config(head_dim: int, dtype: torch.dtype, q_len: int) -> _Config:
+    """Tile sizes of the forward kernel for a head dim and dtype."""
+    if interpreter_enabled():
+        return _Config(_interpreter_block_m(q_len), 128, 4, 1)
+    if dtype == torch.float32:
+        return _Config(64, 32, 4, 2) if head_dim <= 128 else _Config(32, 32, 4, 1)
+    if head_dim <= 64:
+        return _Config(128, 64, 4, 3)
+    if head_dim <= 128:
+        return _Config(128, 64, 8, 3)
+    return _Config(64, 32, 4, 2)
+
+
+def _scores_config(head_dim: int, dtype: torch.dtype, rows: int) -> _Config:
+    """Tile sizes of the scores kernel (`rows` = group x window queries, by key columns)."""
+    if interpreter_enabled():
+        return _Config(_interpreter_block_m(rows), 256, 4, 1)
+    if dtype == torch.float32:
+        return _Config(32, 64, 4, 2)
+    if head_dim <= 128:
+        return _Config(64, 128, 8, 3)
+    return _Config(64, 64, 8, 2)
+
+
+def _dot_settings(dtype: torch.dtype) -> tuple[bool, str]:
+    """(upcast loaded tiles to fp32, tl.dot input precision) for an input dtype."""
+    upcast = interpreter_enabled()
+    return upcast, ("ieee" if dtype == torch.float32 else "tf32")
+
+
+def _unit_last_stride(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
+
+
+def _check_buffer(name: str, buffer: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, device) -> None:
+    if tuple(buffer.shape) != shape:
+        raise ValueError(f"{name}: expected shape {list(shape)}; got {list(buffer.shape)}")
+    if buffer.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}; got {buffer.dtype}")
+    if buffer.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device}; got one on {buffer.device}")
+    if buffer.numel() > 0 and buffer.stride(-1) != 1:
+        raise ValueError(f"{name}: expected last-dim stride 1; got strides {buffer.stride()}")
+
+
+def prefill_attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_lens: Optional[torch.Tensor],
+    scale: float,
+    causal: bool,
+    score_window: int,
+    *,
+    out: Optional[torch.Tensor] = None,
+    lse: Optional[torch.Tensor] = None,
+    scores: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the prefill forward (and, when `score_window > 0`, the scores kernel).
+
+    Args:
+        q: `[B, Hq, Tq, D]`; k, v: `[B, Hkv, Tk, D]`, any strides (last-dim stride 1 avoids a copy).
+        kv_lens: `[B]` int32/int64 valid keys per sequence, or None for all `Tk`.
+        scale: softmax scale; causal: mask keys after each query's position.
+        score_window: number of last queries whose probabilities are summed into `scores`.
+        out, lse, scores: optional preallocated outputs, written in place.
+
+    Returns:
+        out `[B, Hq, Tq, D]` in `q.dtype`, lse `[B, Hq, Tq]` float32, scores `[B, Hkv, Tk]`
+        float32 (`[B, Hkv, 0]` when `score_window == 0`).
+    """
+    q, k, v = _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
+    batch, q_heads, q_len, head_dim = q.shape
+    kv_heads, k_len = k.shape[1], k.shape[2]
+    group = q_heads // kv_heads
+    score_len = k_len if score_window > 0 else 0
+
+    if out is None:
+        out = torch.empty((batch, q_heads, q_len, head_dim), dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty((batch, q_heads, q_len), dtype=torch.float32, device=q.device)
+    if scores is None:
+        scores = torch.empty((batch, kv_heads, score_len), dtype=torch.float32, device=q.device)
+    _check_buffer("out", out, (batch, q_heads, q_len, head_dim), q.dtype, q.device)
+    _check_buffer("lse", lse, (batch, q_heads, q_len), torch.float32, q.device)
+    _check_buffer("scores", scores, (batch, kv_heads, score_len), torch.float32, q.device)
+    if out.numel() == 0:
+        return out, lse, scores
+
+    has_lens = kv_lens is not None
+    lens_arg = kv_lens.contiguous() if has_lens else q
+    qk_scale = float(scale) * _LOG2E
+    upcast, precision = _dot_settings(q.dtype)
+
+    cfg = _forward_config(head_dim, q.dtype, q_len)
+    _prefill_forward_kernel[(triton.cdiv(q_len, cfg.block_m), batch * q_heads)](
+        q, k, v, lens_arg, out, lse,
+        q_heads, q_len, k_len, group, qk_scale,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1), lse.stride(2),
+        HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        CAUSAL=causal, HAS_KV_LENS=has_lens, UPCAST=upcast, DOT_PRECISION=precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+    if score_window > 0:
+        cfg = _scores_config(head_dim, q.dtype, group * score_window)
+        _prefill_scores_kernel[(triton.cdiv(k_len, cfg.block_n), batch * kv_heads)](
+            q, k, lse, lens_arg, scores,
+            kv_heads, q_len, k_len, group, score_window, qk_scale,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            lse.stride(0), lse.stride(1), lse.stride(2),
+            scores.stride(0), scores.stride(1), scores.stride(2),
+            HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            CAUSAL=causal, HAS_KV_LENS=has_lens, UPCAST=upcast, DOT_PRECISION=precision,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+    return out, lse, scores
