@@ -143,3 +143,250 @@ def decode_attention(
         step = probs[:, :, 0, :].view(batch, kv_heads, q_heads // kv_heads, capacity).sum(dim=2)
         scores.add_(step.to(scores.dtype))
     return out
+
+
+def value_magnitude(values: torch.Tensor, stat: str) -> torch.Tensor:
+    """Magnitude of each value vector over its last dim.
+
+    Args:
+        values: `[..., D]`, e.g. `[B, Hkv, T, D]`.
+        stat: `range` (max - min), `absmax`, `l2` (Euclidean norm) or `var` (population variance).
+
+    Returns:
+        `[...]` float32, computed in float32 (float64 for float64 inputs).
+    """
+    v = values.to(_accumulation_dtype(values.dtype))
+    if stat == "range":
+        magnitude = v.amax(dim=-1) - v.amin(dim=-1)
+    elif stat == "absmax":
+        magnitude = v.abs().amax(dim=-1)
+    elif stat == "l2":
+        magnitude = torch.linalg.vector_norm(v, dim=-1)
+    elif stat == "var":
+        magnitude = v.var(dim=-1, unbiased=False)
+    else:
+        raise ValueError(f"stat: expected one of range, absmax, l2, var; got {stat!r}")
+    return magnitude.to(torch.float32)
+
+
+def append_(
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    magnitudes: torch.Tensor,
+    positions: torch.Tensor,
+    lengths: torch.Tensor,
+    next_positions: torch.Tensor,
+    new_keys: torch.Tensor,
+    new_values: torch.Tensor,
+    *,
+    value_stat: str,
+) -> None:
+    """Append `T_new` tokens to every sequence of a static cache, in place.
+
+    Sequence `b` receives the new tokens in slots `[lengths[b], lengths[b] + T_new)`, with
+    their value magnitude and positions `next_positions[b] + t`; then `lengths[b]` and
+    `next_positions[b]` advance by `T_new`. A sequence that would overflow the capacity is
+    left untouched. Decided on device: nothing is read back to the host.
+
+    Args:
+        keys, values: `[B, Hkv, C, D]`; new_keys, new_values: `[B, Hkv, T_new, D]`.
+        magnitudes: `[B, Hkv, C]` float32; positions: `[B, Hkv, C]` int32.
+        lengths, next_positions: `[B]` int32.
+    """
+    batch, kv_heads, capacity, head_dim = keys.shape
+    new_len = new_keys.shape[2]
+    fits = lengths.to(torch.long) + new_len <= capacity  # [B]
+    slots = lengths.to(torch.long).view(batch, 1) + torch.arange(new_len, device=keys.device)  # [B, T_new]
+    slots = slots.clamp_max(capacity - 1).view(batch, 1, new_len).expand(batch, kv_heads, new_len)
+    write = fits.view(batch, 1, 1)  # [B, 1, 1]
+
+    def put(buffer: torch.Tensor, new: torch.Tensor) -> None:
+        index = slots if buffer.dim() == 3 else slots.unsqueeze(-1).expand(-1, -1, -1, head_dim)
+        old = buffer.gather(2, index)
+        mask = write if buffer.dim() == 3 else write.unsqueeze(-1)
+        buffer.scatter_(2, index, torch.where(mask, new.to(buffer.dtype), old))
+
+    new_positions = next_positions.to(torch.long).view(batch, 1) + torch.arange(new_len, device=keys.device)
+    put(keys, new_keys)
+    put(values, new_values)
+    put(magnitudes, value_magnitude(new_values, value_stat))
+    put(positions, new_positions.view(batch, 1, new_len).expand(batch, kv_heads, new_len))
+    step = torch.where(fits, new_len, 0).to(lengths.dtype)
+    lengths.add_(step)
+    next_positions.add_(step.to(next_positions.dtype))
+
+
+# Uniforms are clamped into [GUMBEL_UNIFORM_MIN, GUMBEL_UNIFORM_MAX] (the smallest normal
+# float32 and the largest float32 below 1) so that the Gumbel transform stays finite.
+GUMBEL_UNIFORM_MIN = 1.1754943508222875e-38
+GUMBEL_UNIFORM_MAX = 1.0 - 2.0**-24
+
+
+def eviction_generator_seed(seed: int, eviction_index: int) -> int:
+    """A 64-bit generator seed mixing `(seed, eviction_index)` (splitmix64).
+
+    Mixed rather than concatenated because the CPU generator keeps only the low 32 bits.
+    """
+    mask = 2**64 - 1
+    z = ((seed << 32) + eviction_index + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
+def eviction_uniforms(shape: tuple[int, ...], device: torch.device, *, seed: int, eviction_index: int) -> torch.Tensor:
+    """U(0, 1) float32 uniforms of shape `[B, Hkv, N]` from a generator seeded by `(seed, eviction_index)`.
+
+    This is the reference's own stream: the Triton kernel draws philox numbers instead, so
+    the two agree only when the same `noise` tensor is passed to both.
+    """
+    generator = torch.Generator(device=device)
+    generator.manual_seed(eviction_generator_seed(seed, eviction_index))
+    return torch.rand(shape, generator=generator, device=device, dtype=torch.float32)
+
+
+def gumbel_keys(importance: torch.Tensor, uniforms: Optional[torch.Tensor], temperature: float) -> torch.Tensor:
+    """Selection keys of Gumbel-top-k sampling, in float32.
+
+    `log(w) / temperature + g` with `g = -log(-log(u))`; `w <= 0` gives `-inf` (taken only
+    after every positive weight). With `temperature == 0` the key is `w` itself
+    (deterministic top-k) and `uniforms` may be None. NaN weights become `-inf`.
+
+    Args:
+        importance: `[B, Hkv, N]` weights `w`.
+        uniforms: `[B, Hkv, N]` uniforms in [0, 1), clamped as documented above.
+
+    Returns:
+        `[B, Hkv, N]` float32.
+    """
+    weight = importance.to(torch.float32)
+    if temperature == 0:
+        return torch.where(torch.isnan(weight), float("-inf"), weight)
+    uniform = uniforms.to(torch.float32).clamp(GUMBEL_UNIFORM_MIN, GUMBEL_UNIFORM_MAX)
+    gumbel = -torch.log(-torch.log(uniform))
+    positive = weight > 0
+    log_weight = torch.log(torch.where(positive, weight, 1.0))
+    inv_temperature = torch.tensor(1.0 / temperature, dtype=torch.float32, device=weight.device)
+    return torch.where(positive, log_weight * inv_temperature + gumbel, float("-inf"))
+
+
+def _largest_mask(values: torch.Tensor, eligible: torch.Tensor, count: int) -> torch.Tensor:
+    """`[..., N]` mask of the `count` largest `values` among `eligible` (NaN lowest), ties to the earlier slot."""
+    values = torch.where(torch.isnan(values), float("-inf"), values)
+    order = torch.sort(values, dim=-1, descending=True, stable=True).indices
+    eligible_first = torch.sort(eligible.gather(-1, order).to(torch.int8), dim=-1, descending=True, stable=True)
+    order = order.gather(-1, eligible_first.indices)
+    chosen = torch.zeros_like(eligible)
+    chosen.scatter_(-1, order[..., :count], True)
+    return chosen & eligible
+
+
+def select_keep_mask(
+    importance: torch.Tensor,
+    magnitudes: torch.Tensor,
+    lengths: torch.Tensor,
+    *,
+    budget: int,
+    window: int,
+    n_sink: int,
+    n_protect: int,
+    temperature: float,
+    uniforms: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """Survivors of one eviction of every row, as if each row were evicted.
+
+    With `n = lengths[b]`, candidates are slots `[0, n - window)`; kept are the window
+    `[n - window, n)`, the sinks `[0, n_sink)`, the `n_protect` non-sink candidates of
+    largest magnitude, and the `budget - window - n_sink - n_protect` remaining candidates
+    of largest `gumbel_keys(importance, uniforms, temperature)`; every tie goes to the
+    earlier slot. A row with `n >= budget` keeps exactly `budget` slots.
+
+    Args:
+        importance, magnitudes: `[B, Hkv, N]` float32; lengths: `[B]` int (values above `N`
+            act as `N`).
+        uniforms: `[B, Hkv, N]` float32, used when `temperature > 0`.
+
+    Returns:
+        `[B, Hkv, N]` bool.
+    """
+    batch, _, num_slots = importance.shape
+    slot = torch.arange(num_slots, device=importance.device).view(1, 1, num_slots)
+    length = lengths.to(device=importance.device, dtype=torch.long).clamp_max(num_slots).view(batch, 1, 1)
+    candidate = slot < length - window  # [B, 1, N]
+    sink = candidate & (slot < n_sink)
+    recent = (slot >= length - window) & (slot < length)
+    shape = importance.shape
+    magnitude = magnitudes.to(torch.float32)
+    protected = _largest_mask(magnitude, (candidate & ~sink).expand(shape), n_protect)
+    keys = gumbel_keys(importance, uniforms, temperature)
+    remaining = (candidate & ~sink).expand(shape) & ~protected
+    sampled = _largest_mask(keys, remaining, budget - window - n_sink - n_protect)
+    return sink.expand(shape) | protected | sampled | recent.expand(shape)
+
+
+def evict_(
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scores: torch.Tensor,
+    magnitudes: torch.Tensor,
+    positions: torch.Tensor,
+    lengths: torch.Tensor,
+    importance: torch.Tensor,
+    *,
+    budget: int,
+    window: int,
+    n_sink: int,
+    n_protect: int,
+    temperature: float,
+    seed: int,
+    eviction_index: int,
+    keep_scores: bool = False,
+    trigger_length: Optional[int] = None,
+    noise: Optional[torch.Tensor] = None,
+) -> None:
+    """Evict every sequence with `lengths[b] >= trigger_length` down to `budget` slots, in place.
+
+    Survivors are `select_keep_mask(...)` (uniforms: `noise`, else `eviction_uniforms`), moved
+    to slots `[0, budget)` in temporal order with their keys, values, magnitudes, positions
+    and (with `keep_scores`) scores; other scores become 0, slots `[budget, N)` get position
+    -1 and score 0, and `lengths[b] = budget`. Other sequences are not touched.
+
+    Args:
+        keys, values: `[B, Hkv, N, D]`.
+        scores, magnitudes, importance: `[B, Hkv, N]` float32; positions: `[B, Hkv, N]` int32.
+        lengths: `[B]` int; noise: `[B, Hkv, N]` float32 uniforms or None.
+        trigger_length: default `N`.
+    """
+    batch, kv_heads, num_slots, head_dim = keys.shape
+    trigger_length = num_slots if trigger_length is None else trigger_length
+    uniforms = noise
+    if temperature > 0 and noise is None:
+        uniforms = eviction_uniforms(
+            (batch, kv_heads, num_slots), keys.device, seed=seed, eviction_index=eviction_index
+        )
+    keep = select_keep_mask(
+        importance, magnitudes, lengths, budget=budget, window=window, n_sink=n_sink,
+        n_protect=n_protect, temperature=temperature, uniforms=uniforms,
+    )
+    survivors = torch.sort(keep.to(torch.int8), dim=-1, descending=True, stable=True).indices[..., :budget]
+    evicted = (lengths >= trigger_length).to(keys.device).view(batch, 1, 1)  # [B, 1, 1]
+
+    def compact(buffer: torch.Tensor) -> None:
+        if buffer.dim() == 4:
+            index = survivors.unsqueeze(-1).expand(-1, -1, -1, head_dim)
+            rows = evicted.unsqueeze(-1)
+        else:
+            index, rows = survivors, evicted
+        moved = buffer.gather(2, index)
+        head = buffer[:, :, :budget]
+        head.copy_(torch.where(rows, moved, head))
+
+    for buffer in (keys, values, magnitudes, positions):
+        compact(buffer)
+    positions[:, :, budget:].masked_fill_(evicted, -1)
+    if keep_scores:
+        compact(scores)
+        scores[:, :, budget:].masked_fill_(evicted, 0.0)
+    else:
+        scores.masked_fill_(evicted, 0.0)
+    lengths.masked_fill_(evicted.view(batch).to(lengths.device), budget)

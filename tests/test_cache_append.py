@@ -1,0 +1,144 @@
+"""Fused cache append (`vase_triton.ops.append_`) against the PyTorch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vase_triton import reference
+from vase_triton.ops import append_
+
+# (B, Hkv, C, D, T_new, lengths, dtype, value_stat): every dtype, every statistic, D 64/128,
+# Hkv 1/2/4/8, hostile lengths (1, 63, 111, 257), rows that exactly fill and rows that overflow.
+CASES = [
+    (4, 2, 260, 64, 3, [1, 63, 111, 257], torch.float64, "range"),
+    (3, 1, 9, 128, 1, [0, 8, 9], torch.float64, "absmax"),
+    (2, 4, 64, 64, 2, [63, 62], torch.float64, "l2"),
+    (2, 8, 16, 128, 5, [11, 12], torch.float64, "var"),
+    (4, 2, 258, 128, 3, [1, 63, 111, 257], torch.float16, "range"),
+    (1, 8, 5, 64, 1, [4], torch.float16, "absmax"),
+    (3, 2, 112, 64, 1, [111, 0, 112], torch.float16, "l2"),
+    (2, 1, 7, 128, 7, [0, 1], torch.float16, "var"),
+    (3, 4, 64, 128, 2, [1, 62, 63], torch.bfloat16, "range"),
+    (2, 2, 33, 64, 4, [29, 30], torch.bfloat16, "absmax"),
+    (1, 1, 1, 64, 1, [0], torch.bfloat16, "l2"),
+    (4, 8, 20, 64, 1, [0, 5, 19, 20], torch.bfloat16, "var"),
+    (2, 2, 40, 64, 3, [3, 38], torch.float32, "range"),
+]
+
+
+def _case_id(case) -> str:
+    batch, heads, capacity, head_dim, new_len, lengths, dtype, stat = case
+    dtype_name = {torch.float64: "fp64", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
+    return f"B{batch}-Hkv{heads}-C{capacity}-D{head_dim}-Tnew{new_len}-len{'_'.join(map(str, lengths))}-{dtype_name}-{stat}"
+
+
+def _poisoned_cache(batch, heads, capacity, head_dim, lengths, dtype, device):
+    """Cache buffers with NaN in every float slot and recognisable counters."""
+    slots = (batch, heads, capacity)
+    keys = torch.full(slots + (head_dim,), float("nan"), dtype=dtype, device=device)
+    values = torch.full(slots + (head_dim,), float("nan"), dtype=dtype, device=device)
+    magnitudes = torch.full(slots, float("nan"), dtype=torch.float32, device=device)
+    positions = torch.full(slots, -7, dtype=torch.int32, device=device)
+    lens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    next_positions = lens + 100 * torch.arange(batch, dtype=torch.int32, device=device)
+    return [keys, values, magnitudes, positions, lens, next_positions]
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.is_floating_point():
+        return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+    return torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
+def test_append_matches_reference(case, device):
+    batch, heads, capacity, head_dim, new_len, lengths, dtype, stat = case
+    gen = torch.Generator().manual_seed(len(lengths) * 1000 + capacity)
+    new_keys = torch.randn(batch, heads, new_len, head_dim, generator=gen).to(dtype=dtype, device=device)
+    # Heavy-tailed values so that magnitudes differ between tokens.
+    scale = torch.rand(batch, heads, new_len, 1, generator=gen) * 8
+    new_values = (torch.randn(batch, heads, new_len, head_dim, generator=gen) * scale).to(dtype=dtype, device=device)
+
+    ours = _poisoned_cache(batch, heads, capacity, head_dim, lengths, dtype, device)
+    expected = _poisoned_cache(batch, heads, capacity, head_dim, lengths, dtype, device)
+    before = [t.clone() for t in ours]
+    append_(*ours, new_keys, new_values, value_stat=stat)
+    reference.append_(*expected, new_keys, new_values, value_stat=stat)
+    keys, values, magnitudes, positions, lens, next_positions = ours
+
+    # Counters: advanced by T_new exactly where the tokens fit.
+    start = torch.tensor(lengths, dtype=torch.int32, device=device)
+    fits = start + new_len <= capacity
+    assert torch.equal(lens, torch.where(fits, start + new_len, start))
+    assert torch.equal(next_positions, torch.where(fits, before[5] + new_len, before[5]))
+    assert torch.equal(lens, expected[4]) and torch.equal(next_positions, expected[5])
+
+    # Keys, values and positions bit-identical to the reference; untouched slots still poisoned.
+    for index, name in ((0, "keys"), (1, "values"), (3, "positions")):
+        assert _bitwise_equal(ours[index], expected[index]), name
+    for b in range(batch):
+        written = slice(lengths[b], lengths[b] + new_len)
+        if bool(fits[b]):
+            assert torch.equal(keys[b, :, written], new_keys[b])
+            assert torch.equal(values[b, :, written], new_values[b])
+            expected_pos = before[5][b] + torch.arange(new_len, dtype=torch.int32, device=device)
+            assert torch.equal(positions[b, :, written], expected_pos.expand(heads, new_len))
+            untouched = torch.ones(capacity, dtype=torch.bool, device=device)
+            untouched[written] = False
+        else:
+            untouched = torch.ones(capacity, dtype=torch.bool, device=device)
+        assert keys[b][:, untouched].isnan().all() and values[b][:, untouched].isnan().all()
+        assert magnitudes[b][:, untouched].isnan().all()
+        assert (positions[b][:, untouched] == -7).all()
+
+    # Magnitudes: as close to the float64 truth as PyTorch's own fp32 statistic (fp64 inputs: 1 ulp).
+    written = ~magnitudes.isnan()
+    assert torch.equal(written, ~expected[2].isnan())
+    assert written.any() == fits.any()
+    if fits.any():
+        truth64 = new_values.double()  # [B, Hkv, T_new, D]
+        truth = {
+            "range": truth64.amax(-1) - truth64.amin(-1),
+            "absmax": truth64.abs().amax(-1),
+            "l2": truth64.norm(dim=-1),
+            "var": truth64.var(-1, unbiased=False),
+        }[stat]
+        rows = fits.nonzero().flatten().tolist()
+        for b in rows:
+            got = magnitudes[b, :, lengths[b] : lengths[b] + new_len].double()
+            torch_got = reference.value_magnitude(new_values[b], stat).double()
+            torch_error = (torch_got - truth[b]).abs().max()
+            ulp = torch.finfo(torch.float32).eps * truth[b].abs().max()
+            assert (got - truth[b]).abs().max() <= 2 * torch_error + 2 * ulp
+
+
+def test_append_repeated_steps_fill_exactly_to_capacity(device):
+    """Decode-style appends: one token per call until the row is full, then nothing changes."""
+    batch, heads, capacity, head_dim = 2, 2, 6, 64
+    cache = _poisoned_cache(batch, heads, capacity, head_dim, [0, 3], torch.float16, device)
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randn(capacity, batch, heads, 1, head_dim, generator=gen).to(torch.float16).to(device)
+    for step in range(capacity):
+        append_(*cache, tokens[step], tokens[step] * 2, value_stat="range")
+    lens, next_positions = cache[4], cache[5]
+    assert lens.tolist() == [6, 6]
+    assert next_positions.tolist() == [6, 106]
+    assert torch.equal(cache[0][0, :, :, :], tokens[:, 0, :, 0].transpose(0, 1))
+    assert torch.equal(cache[0][1, :, 3:], tokens[:3, 1, :, 0].transpose(0, 1))
+    assert cache[3][1, 0].tolist() == [-7, -7, -7, 103, 104, 105]
+
+
+def test_append_rejects_bad_arguments(device):
+    cache = _poisoned_cache(2, 2, 8, 64, [0, 0], torch.float16, device)
+    new = torch.zeros(2, 2, 1, 64, dtype=torch.float16, device=device)
+    with pytest.raises(ValueError, match="value_stat"):
+        append_(*cache, new, new, value_stat="median")
+    with pytest.raises(ValueError, match="new_keys"):
+        append_(*cache, new[:, :1], new, value_stat="range")
+    with pytest.raises(TypeError, match="new_values"):
+        append_(*cache, new, new.float(), value_stat="range")
+    with pytest.raises(TypeError, match="lengths"):
+        append_(*cache[:4], cache[4].long(), cache[5], new, new, value_stat="range")
+    with pytest.raises(ValueError, match="magnitudes"):
+        append_(cache[0], cache[1], cache[2][:, :, :4], *cache[3:], new, new, value_stat="range")

@@ -1,0 +1,103 @@
+"""`VaSECacheLayer` memory is static: no buffer is ever reallocated, and `decode_step`
+compiles into one graph that matches eager execution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vase_triton.cache import VaSECacheLayer
+from vase_triton.config import VaSEConfig
+
+BUFFERS = ("keys", "values", "scores", "magnitudes", "positions", "lengths", "next_positions")
+
+
+@pytest.fixture
+def one_thread():
+    """The reference ops on these tiny tensors are dominated by thread wake-ups: run them on one thread."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def _stream(batch, q_heads, kv_heads, tokens, head_dim, dtype, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+    shape_q, shape_kv = (tokens, batch, q_heads, 1, head_dim), (tokens, batch, kv_heads, 1, head_dim)
+    return (
+        torch.randn(shape_q, generator=gen).to(dtype=dtype, device=device),
+        torch.randn(shape_kv, generator=gen).to(dtype=dtype, device=device),
+        torch.randn(shape_kv, generator=gen).to(dtype=dtype, device=device),
+    )
+
+
+def _pointers(layer: VaSECacheLayer) -> dict:
+    return {name: getattr(layer, name).data_ptr() for name in BUFFERS}
+
+
+@pytest.mark.parametrize("policy", ["vase", "rkv"])
+def test_thousands_of_steps_never_reallocate(device, monkeypatch, one_thread, policy):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    config = VaSEConfig(policy=policy, budget=16, window=4, n_sink=2)
+    layer = VaSECacheLayer(config, batch_size=2, num_kv_heads=2, head_dim=64, dtype=torch.float16, device=device)
+    pointers = _pointers(layer)
+    memory_bytes = layer.memory_bytes
+    assert memory_bytes == 2 * (2 * 2 * 20 * 64 * 2) + 2 * (2 * 2 * 20 * 4) + 2 * 2 * 20 * 4 + 2 * 2 * 4
+    steps = 2000
+    query, key, value = _stream(2, 4, 2, steps + 9, 64, torch.float16, device, seed=0)
+    prompt = (t[:9].squeeze(3).permute(1, 2, 0, 3) for t in (query, key, value))
+    layer.prefill(*prompt, scale=0.125)
+
+    for step in range(9, steps + 9):
+        layer.decode(query[step], key[step], value[step], scale=0.125)
+        if step == 40 and device.type == "cuda":
+            torch.cuda.synchronize()
+            baseline = torch.cuda.memory_allocated(device)
+    assert layer.n_evictions == (steps + 9 - config.budget) // config.window
+    assert _pointers(layer) == pointers
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated(device) == baseline
+    layer.reset()
+    assert _pointers(layer) == pointers
+    assert layer.memory_bytes == memory_bytes
+    assert layer.length_bound == 0 and bool((layer.positions == -1).all()) and bool((layer.lengths == 0).all())
+
+
+@pytest.mark.parametrize(
+    "policy, backend, steps",
+    [("vase", "torch", 24), ("tova", "torch", 12), ("vase-dkv", "torch", 12), ("h2o", "triton", 6)],
+    ids=["vase-torch-steps24", "tova-torch-steps12", "vase-dkv-torch-steps12", "h2o-triton-steps6"],
+)
+def test_decode_step_compiles_to_one_graph_matching_eager(device, monkeypatch, policy, backend, steps):
+    if backend == "torch":
+        monkeypatch.setenv("VASE_BACKEND", "torch")
+    config = VaSEConfig(policy=policy, budget=12, window=4, n_sink=2)
+    layers = [
+        VaSECacheLayer(config, batch_size=2, num_kv_heads=1, head_dim=64, dtype=torch.float32, device=device)
+        for _ in range(2)
+    ]
+    query, key, value = _stream(2, 2, 1, steps + 10, 64, torch.float32, device, seed=1)
+    for layer in layers:
+        layer.prefill(*(t[:10].squeeze(3).permute(1, 2, 0, 3) for t in (query, key, value)), scale=0.125)
+    eager, compiled_layer = layers
+    pointers = _pointers(compiled_layer)
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(compiled_layer.decode_step, fullgraph=True, backend="aot_eager")
+    for step in range(10, 10 + steps):
+        expected = eager.decode(query[step], key[step], value[step], scale=0.125)
+        got = compiled(query[step], key[step], value[step], scale=0.125)
+        compiled_layer.length_bound += 1
+        if compiled_layer.length_bound == compiled_layer.capacity:
+            compiled_layer.evict()
+        assert torch.equal(got, expected)
+        for name in BUFFERS:
+            assert torch.equal(getattr(compiled_layer, name), getattr(eager, name)), name
+    assert eager.n_evictions == compiled_layer.n_evictions
+    assert eager.n_evictions > 0 or steps < config.window
+    counters = torch._dynamo.utils.counters
+    assert sum(counters["graph_break"].values()) == 0
+    assert counters["stats"]["unique_graphs"] == 1
+    assert _pointers(compiled_layer) == pointers

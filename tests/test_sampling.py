@@ -1,0 +1,122 @@
+"""The Gumbel-top-k selection samples without replacement with probability ∝ importance.
+
+Set-up: every row has 8 candidates with fixed weights `w`, keeps 3 of them (no sinks, no
+value protection, a window of 1), and rows draw independent noise (the kernel's philox
+stream is indexed by row and slot; the reference's generator draws one tensor). Over
+`R = 4096` rows the number of rows keeping candidate `i` is Binomial(R, p_i), where `p_i`
+is the EXACT inclusion probability of sequential sampling without replacement ∝ `w`,
+obtained by enumerating all 8·7·6 ordered draws.
+
+Test: per-candidate two-sided binomial z-test (normal approximation; every `R·p_i·(1-p_i)`
+here is above 100), Bonferroni-corrected over the 8 candidates at a family-wise
+false-alarm rate of 1e-6, i.e. `|z_i| <= Φ⁻¹(1 - 1e-6 / 16) ≈ 5.3`. Seeds are fixed, so the
+outcome is reproducible. Temperature `tau` must sample ∝ `w**(1/tau)` (same test), and
+a larger `tau` must flatten the inclusion probabilities.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from statistics import NormalDist
+
+import pytest
+import torch
+
+from vase_triton import reference
+from vase_triton.ops import evict_
+
+WEIGHTS = (0.5, 1.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0)
+KEEP = 3
+WINDOW = 1
+BATCH, KV_HEADS, HEAD_DIM = 64, 64, 32  # 4096 rows
+FAMILY_ALPHA = 1e-6
+
+
+def exact_inclusion(weights: tuple[float, ...], keep: int) -> list[float]:
+    """P(candidate i is among `keep` draws without replacement, each draw ∝ remaining weight)."""
+    total = sum(weights)
+    inclusion = [0.0] * len(weights)
+    for draw in itertools.permutations(range(len(weights)), keep):
+        prob, left = 1.0, total
+        for i in draw:
+            prob *= weights[i] / left
+            left -= weights[i]
+        for i in draw:
+            inclusion[i] += prob
+    return inclusion
+
+
+def sample_inclusion(weights, device, *, temperature=1.0, seed=0, eviction_index=0, backend="kernel"):
+    """Rows (of R) keeping each candidate, and the `[R, 8]` kept mask."""
+    n_candidates = len(weights)
+    slots = n_candidates + WINDOW
+    shape = (BATCH, KV_HEADS, slots)
+    keys = torch.zeros(*shape, HEAD_DIM, device=device)
+    values = torch.zeros_like(keys)
+    scores = torch.zeros(shape, device=device)
+    magnitudes = torch.zeros(shape, device=device)
+    positions = torch.arange(slots, dtype=torch.int32, device=device).expand(shape).contiguous()
+    lengths = torch.full((BATCH,), slots, dtype=torch.int32, device=device)
+    importance = torch.tensor(list(weights) + [1.0] * WINDOW, device=device).expand(shape).contiguous()
+    op = evict_ if backend == "kernel" else reference.evict_
+    op(
+        keys, values, scores, magnitudes, positions, lengths, importance,
+        budget=KEEP + WINDOW, window=WINDOW, n_sink=0, n_protect=0, temperature=temperature,
+        seed=seed, eviction_index=eviction_index,
+    )
+    kept_slots = positions[:, :, :KEEP].reshape(-1, KEEP).long().cpu()
+    kept = torch.zeros(kept_slots.shape[0], n_candidates, dtype=torch.bool)
+    kept.scatter_(1, kept_slots, True)
+    return kept.sum(dim=0), kept
+
+
+def assert_binomial(counts: torch.Tensor, probabilities: list[float]) -> None:
+    rows = BATCH * KV_HEADS
+    limit = NormalDist().inv_cdf(1 - FAMILY_ALPHA / (2 * len(probabilities)))
+    for i, (count, p) in enumerate(zip(counts.tolist(), probabilities)):
+        z = (count - rows * p) / math.sqrt(rows * p * (1 - p))
+        assert abs(z) <= limit, f"candidate {i}: {count}/{rows} kept, expected p={p:.4f}, z={z:.2f}"
+
+
+@pytest.mark.parametrize("backend", ["kernel", "reference"])
+@pytest.mark.parametrize("temperature", [1.0, 3.0], ids=["tau1", "tau3"])
+def test_inclusion_matches_sampling_without_replacement(backend: str, temperature: float, device) -> None:
+    counts, kept = sample_inclusion(WEIGHTS, device, temperature=temperature, seed=11, backend=backend)
+    assert bool((kept.sum(dim=1) == KEEP).all())
+    tempered = tuple(w ** (1.0 / temperature) for w in WEIGHTS)
+    assert_binomial(counts, exact_inclusion(tempered, KEEP))
+
+
+def test_exact_inclusion_sums_to_keep() -> None:
+    probabilities = exact_inclusion(WEIGHTS, KEEP)
+    assert math.isclose(sum(probabilities), KEEP, rel_tol=1e-12)
+    assert exact_inclusion((1.0,) * 8, KEEP) == pytest.approx([KEEP / 8] * 8, rel=1e-12)
+
+
+def test_larger_temperature_flattens(device) -> None:
+    counts_cold, _ = sample_inclusion(WEIGHTS, device, temperature=0.5, seed=3)
+    counts_warm, _ = sample_inclusion(WEIGHTS, device, temperature=4.0, seed=3)
+    # The heaviest candidate loses inclusion, the lightest gains, and the spread shrinks.
+    assert counts_warm[-1] < counts_cold[-1]
+    assert counts_warm[0] > counts_cold[0]
+    assert counts_warm.float().std() < counts_cold.float().std()
+
+
+def test_tiny_temperature_is_top_k(device) -> None:
+    counts, _ = sample_inclusion(WEIGHTS, device, temperature=1e-3, seed=5)
+    rows = BATCH * KV_HEADS
+    assert counts.tolist() == [0] * 5 + [rows] * 3
+
+
+def test_same_seed_same_draw_other_seed_other_draw(device) -> None:
+    _, first = sample_inclusion(WEIGHTS, device, seed=21, eviction_index=4)
+    _, again = sample_inclusion(WEIGHTS, device, seed=21, eviction_index=4)
+    _, other_seed = sample_inclusion(WEIGHTS, device, seed=22, eviction_index=4)
+    _, other_eviction = sample_inclusion(WEIGHTS, device, seed=21, eviction_index=5)
+    assert torch.equal(first, again)
+    # Independent draws agree on a row with probability well below 1/2: most rows differ.
+    assert (first != other_seed).any(dim=1).float().mean() > 0.5
+    assert (first != other_eviction).any(dim=1).float().mean() > 0.5
+    # Rows are independent streams, not copies of one draw.
+    assert (first != first[:1]).any(dim=1).float().mean() > 0.5

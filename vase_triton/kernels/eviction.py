@@ -1,0 +1,333 @@
+"""Fused value-aware Gumbel eviction: select the survivors of each row, compact them in place.
+
+Two launches share the work of one eviction:
+
+- `_evict_select_kernel` holds `BLOCK_R` whole rows (one row = one `(b, kv_head)`) in
+  registers and picks exactly `budget` survivors per evicted row: the sinks, the
+  `n_protect` largest value magnitudes among the other candidates, the largest
+  `budget - window - n_sink - n_protect` Gumbel-perturbed importance keys among the
+  rest, and the recent window. Each "largest `m`" is an exact threshold found by
+  bisection on the order-preserving int32 image of the float32 keys (32 rounds of
+  `tl.sum(key >= t)`), ties at the threshold filled in slot order with `tl.cumsum`.
+  It writes, per row, the source slot of each destination slot `[0, budget)` and a
+  flag saying whether the row is evicted at all.
+- `_evict_compact_kernel` moves the survivors down in place, one program per
+  `(BLOCK_R rows, BLOCK_D slice of D)` (one row per program on GPU; many under the
+  interpreter): destination slots are walked in increasing order and a survivor's
+  source slot is never below its destination, so a `[BLOCK_M, BLOCK_D]` tile read
+  before a barrier can be written after it without clobbering unread data. The slice-0
+  program of a row also moves magnitudes, positions and (with `keep_scores`) scores and
+  clears the freed slots; the one of `(b, head 0)` writes `lengths[b]`.
+
+Selection reads `lengths`, compaction only the flags, so `lengths` can be updated in
+the second launch without racing with the heads that still read it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vase_triton.backend import interpreter_enabled
+
+# Uniforms are clamped into [_U_MIN, _U_MAX] before the Gumbel transform, so that
+# -log(-log(u)) is finite; the reference clamps identically.
+_U_MIN = tl.constexpr(1.1754943508222875e-38)
+_U_MAX = tl.constexpr(1.0 - 2.0**-24)
+
+# Elements of a [BLOCK_R, BLOCK_N] selection tile per warp on GPU (16 per thread, so that the
+# half-dozen live [BLOCK_R, BLOCK_N] keys and masks stay in registers): sets num_warps.
+_SELECT_ELEMENTS_PER_WARP = 512
+# Interpreter: rows are batched into one program up to this many selection elements
+# (and 16x as many compaction elements), since its cost grows with programs x operations.
+_INTERPRETER_TILE = 65536
+
+
+@triton.jit
+def _ordered_bits(x):
+    """Int32 image of float32 `x` whose signed order is the float order (-0 == +0)."""
+    bits = (x + 0.0).to(tl.int32, bitcast=True)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+@triton.jit
+def _select_largest(ordered, eligible, count, BLOCK_R: tl.constexpr):
+    """Mask of the `count` largest `ordered` values among `eligible`, ties to the earlier slot.
+
+    `ordered`, `eligible`: [BLOCK_R, BLOCK_N]; `count`: scalar. Rows with fewer than
+    `count` eligible slots get an unspecified mask (the caller never uses them).
+    """
+    # Largest threshold t with #(eligible & ordered >= t) >= count, by bisection on int32.
+    lo = tl.full([BLOCK_R], -2147483648, tl.int64)
+    hi = tl.full([BLOCK_R], 2147483647, tl.int64)
+    for _ in range(32):
+        mid = lo + (hi - lo + 1) // 2
+        n_at_least = tl.sum((eligible & (ordered >= mid.to(tl.int32)[:, None])).to(tl.int32), axis=1)
+        enough = n_at_least >= count
+        lo = tl.where(enough, mid, lo)
+        hi = tl.where(enough, hi, mid - 1)
+    threshold = lo.to(tl.int32)[:, None]  # [BLOCK_R, 1]
+    above = eligible & (ordered > threshold)  # [BLOCK_R, BLOCK_N]
+    ties = eligible & (ordered == threshold)  # [BLOCK_R, BLOCK_N]
+    n_above = tl.sum(above.to(tl.int32), axis=1)  # [BLOCK_R]
+    tie_rank = tl.cumsum(ties.to(tl.int32), axis=1)  # [BLOCK_R, BLOCK_N], 1-based in slot order
+    return above | (ties & (tie_rank <= (count - n_above)[:, None]))
+
+
+@triton.jit
+def _evict_select_kernel(
+    # pointers
+    importance_ptr,
+    magnitudes_ptr,
+    noise_ptr,
+    lengths_ptr,
+    sources_ptr,
+    flags_ptr,
+    # sizes
+    num_rows,
+    num_heads,
+    num_slots,
+    budget,
+    window,
+    n_sink,
+    n_protect,
+    trigger_length,
+    inv_temperature,
+    philox_seed,
+    # strides
+    stride_ib, stride_ih, stride_in,
+    stride_mb, stride_mh, stride_mn,
+    stride_ub, stride_uh, stride_un,
+    # meta-parameters
+    STOCHASTIC: tl.constexpr,
+    HAS_NOISE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)  # [BLOCK_R]
+    row_ok = rows < num_rows
+    batch = rows // num_heads
+    head = rows % num_heads
+    length = tl.minimum(tl.load(lengths_ptr + batch, mask=row_ok, other=0).to(tl.int32), num_slots)
+    evict = row_ok & (length >= trigger_length)
+    tl.store(flags_ptr + rows, evict.to(tl.int8), mask=row_ok)
+
+    # Rows that are not evicted need no selection (all of them, often, at prefill).
+    if tl.max(evict.to(tl.int32), axis=0) > 0:
+        slots = tl.arange(0, BLOCK_N)
+        n_candidates = length - window  # [BLOCK_R]
+        in_row = row_ok[:, None] & (slots[None, :] < num_slots)  # [BLOCK_R, BLOCK_N]
+        candidate = in_row & (slots[None, :] < n_candidates[:, None])
+        sink = candidate & (slots[None, :] < n_sink)
+        recent = in_row & (slots[None, :] >= n_candidates[:, None]) & (slots[None, :] < length[:, None])
+
+        # 1. value protection: the n_protect largest magnitudes among the non-sink candidates.
+        protected = slots[None, :] < tl.zeros([BLOCK_R, 1], tl.int32)  # [BLOCK_R, BLOCK_N], all False
+        if n_protect > 0:
+            mag_rows = magnitudes_ptr + batch * stride_mb + head * stride_mh  # [BLOCK_R]
+            magnitude = tl.load(mag_rows[:, None] + slots[None, :] * stride_mn, mask=candidate, other=0.0)
+            magnitude = tl.where(magnitude == magnitude, magnitude, float("-inf"))
+            protected = _select_largest(_ordered_bits(magnitude), candidate & ~sink, n_protect, BLOCK_R)
+
+        # 2. importance keys: log(w)/tau + Gumbel noise, or w itself when deterministic.
+        imp_ptrs = importance_ptr + batch[:, None] * stride_ib + head[:, None] * stride_ih + slots[None, :] * stride_in
+        weight = tl.load(imp_ptrs, mask=candidate, other=0.0)  # [BLOCK_R, BLOCK_N]
+        if STOCHASTIC:
+            if HAS_NOISE:
+                noise_rows = noise_ptr + batch * stride_ub + head * stride_uh  # [BLOCK_R]
+                noise_ptrs = noise_rows[:, None] + slots[None, :] * stride_un
+                uniform = tl.load(noise_ptrs, mask=candidate, other=0.5)
+            else:
+                uniform = tl.rand(philox_seed, rows[:, None] * num_slots + slots[None, :])
+            uniform = tl.minimum(tl.maximum(uniform, _U_MIN), _U_MAX)
+            gumbel = -tl.log(-tl.log(uniform))
+            positive = weight > 0
+            log_weight = tl.log(tl.where(positive, weight, 1.0))
+            key = tl.where(positive, log_weight * inv_temperature + gumbel, float("-inf"))
+        else:
+            key = tl.where(weight == weight, weight, float("-inf"))
+        k_sampled = budget - window - n_sink - n_protect
+        sampled = _select_largest(_ordered_bits(key), candidate & ~sink & ~protected, k_sampled, BLOCK_R)
+
+        # 3. survivors in temporal order: destination = number of survivors before the slot.
+        keep = sink | protected | sampled | recent  # [BLOCK_R, BLOCK_N]
+        destination = tl.cumsum(keep.to(tl.int32), axis=1) - 1
+        src_ptrs = sources_ptr + rows[:, None] * budget + destination
+        tl.store(src_ptrs, slots[None, :] + tl.zeros([BLOCK_R, BLOCK_N], tl.int32), mask=keep & evict[:, None])
+
+
+@triton.jit
+def _evict_compact_kernel(
+    # pointers
+    keys_ptr,
+    values_ptr,
+    scores_ptr,
+    magnitudes_ptr,
+    positions_ptr,
+    lengths_ptr,
+    sources_ptr,
+    flags_ptr,
+    # sizes
+    num_rows,
+    num_heads,
+    num_slots,
+    head_dim,
+    budget,
+    # strides
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_sb, stride_sh, stride_sn,
+    stride_mb, stride_mh, stride_mn,
+    stride_pb, stride_ph, stride_pn,
+    # meta-parameters
+    KEEP_SCORES: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)  # [BLOCK_R]
+    pid_d = tl.program_id(1)
+    row_ok = rows < num_rows
+    evict = row_ok & (tl.load(flags_ptr + rows, mask=row_ok, other=0) != 0)
+    if tl.max(evict.to(tl.int32), axis=0) > 0:
+        batch = rows // num_heads
+        head = rows % num_heads
+        offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+        mask_d = offs_d < head_dim
+        # Only the slice-0 program of a row moves and clears its per-token data.
+        owner = evict & ((tl.zeros([BLOCK_R], tl.int32) + pid_d) == 0)  # [BLOCK_R]
+        k_rows = keys_ptr + batch * stride_kb + head * stride_kh
+        v_rows = values_ptr + batch * stride_vb + head * stride_vh
+        s_rows = scores_ptr + batch * stride_sb + head * stride_sh
+        m_rows = magnitudes_ptr + batch * stride_mb + head * stride_mh
+        p_rows = positions_ptr + batch * stride_pb + head * stride_ph
+
+        for start in range(0, budget, BLOCK_M):
+            dst = start + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+            dst_ok = evict[:, None] & (dst[None, :] < budget)  # [BLOCK_R, BLOCK_M]
+            src = tl.load(sources_ptr + rows[:, None] * budget + dst[None, :], mask=dst_ok, other=0)
+            move = dst_ok & (src != dst[None, :])  # [BLOCK_R, BLOCK_M]
+            src = src.to(tl.int64)
+            dst = dst.to(tl.int64)
+            move_tile = move[:, :, None] & mask_d[None, None, :]  # [BLOCK_R, BLOCK_M, BLOCK_D]
+            k_src = k_rows[:, None, None] + src[:, :, None] * stride_kn + offs_d[None, None, :] * stride_kd
+            v_src = v_rows[:, None, None] + src[:, :, None] * stride_vn + offs_d[None, None, :] * stride_vd
+            k_tile = tl.load(k_src, mask=move_tile)  # [BLOCK_R, BLOCK_M, BLOCK_D]
+            v_tile = tl.load(v_src, mask=move_tile)  # [BLOCK_R, BLOCK_M, BLOCK_D]
+            move_token = move & owner[:, None]  # [BLOCK_R, BLOCK_M]
+            magnitude = tl.load(m_rows[:, None] + src * stride_mn, mask=move_token)
+            position = tl.load(p_rows[:, None] + src * stride_pn, mask=move_token)
+            if KEEP_SCORES:
+                score = tl.load(s_rows[:, None] + src * stride_sn, mask=move_token)
+            # Every thread has read its sources before any thread overwrites one.
+            tl.debug_barrier()
+            k_dst = k_rows[:, None, None] + dst[None, :, None] * stride_kn + offs_d[None, None, :] * stride_kd
+            v_dst = v_rows[:, None, None] + dst[None, :, None] * stride_vn + offs_d[None, None, :] * stride_vd
+            tl.store(k_dst, k_tile, mask=move_tile)
+            tl.store(v_dst, v_tile, mask=move_tile)
+            tl.store(m_rows[:, None] + dst[None, :] * stride_mn, magnitude, mask=move_token)
+            tl.store(p_rows[:, None] + dst[None, :] * stride_pn, position, mask=move_token)
+            if KEEP_SCORES:
+                tl.store(s_rows[:, None] + dst[None, :] * stride_sn, score, mask=move_token)
+
+        for start in range(0, num_slots, BLOCK_M):
+            slot = start + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+            in_row = owner[:, None] & (slot[None, :] < num_slots)  # [BLOCK_R, BLOCK_M]
+            freed = in_row & (slot[None, :] >= budget)
+            if KEEP_SCORES:
+                cleared = freed
+            else:
+                cleared = in_row
+            slot = slot.to(tl.int64)
+            freed_position = tl.full([BLOCK_R, BLOCK_M], -1, tl.int32)
+            tl.store(p_rows[:, None] + slot[None, :] * stride_pn, freed_position, mask=freed)
+            zero_score = tl.zeros([BLOCK_R, BLOCK_M], tl.float32)
+            tl.store(s_rows[:, None] + slot[None, :] * stride_sn, zero_score, mask=cleared)
+        new_length = tl.zeros([BLOCK_R], tl.int32) + budget
+        tl.store(lengths_ptr + batch, new_length, mask=owner & (head == 0))
+
+
+def _select_launch(num_rows: int, num_slots: int) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_N, num_warps) of the selection kernel."""
+    block_n = triton.next_power_of_2(num_slots)
+    if interpreter_enabled():
+        block_r = max(1, min(triton.next_power_of_2(num_rows), _INTERPRETER_TILE // block_n))
+        return block_r, block_n, 4
+    block_r = max(1, min(triton.next_power_of_2(num_rows), 2048 // block_n))
+    num_warps = min(32, max(4, block_r * block_n // _SELECT_ELEMENTS_PER_WARP))
+    return block_r, block_n, num_warps
+
+
+def _compact_launch(num_rows: int, budget: int, head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_R, BLOCK_M, BLOCK_D, num_warps) of the compaction kernel."""
+    block_d = triton.next_power_of_2(head_dim)
+    if interpreter_enabled():
+        block_m = min(triton.next_power_of_2(budget), 4096)
+        block_r = max(1, min(triton.next_power_of_2(num_rows), _INTERPRETER_TILE * 16 // (block_m * block_d)))
+        return block_r, block_m, block_d, 4
+    # [128, 64] tiles of keys and values in flight per program, 2 programs per row at D=128.
+    return 1, 128, min(block_d, 64), 8
+
+
+def evict_triton(
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scores: torch.Tensor,
+    magnitudes: torch.Tensor,
+    positions: torch.Tensor,
+    lengths: torch.Tensor,
+    importance: torch.Tensor,
+    budget: int,
+    window: int,
+    n_sink: int,
+    n_protect: int,
+    temperature: float,
+    seed: int,
+    eviction_index: int,
+    keep_scores: bool,
+    trigger_length: int,
+    noise: torch.Tensor | None,
+) -> None:
+    """Launch selection then compaction on validated `[B, Hkv, N, D]` cache tensors, in place."""
+    batch, num_heads, num_slots, head_dim = keys.shape
+    num_rows = batch * num_heads
+    if num_rows == 0:
+        return
+    device = keys.device
+    sources = torch.empty((num_rows, budget), dtype=torch.int32, device=device)
+    flags = torch.empty((num_rows,), dtype=torch.int8, device=device)
+    stochastic = temperature > 0
+    noise_arg = noise if noise is not None else importance
+
+    block_r, block_n, select_warps = _select_launch(num_rows, num_slots)
+    _evict_select_kernel[(triton.cdiv(num_rows, block_r),)](
+        importance, magnitudes, noise_arg, lengths, sources, flags,
+        num_rows, num_heads, num_slots, budget, window, n_sink, n_protect, trigger_length,
+        (1.0 / temperature) if stochastic else 1.0,
+        seed * 2**32 + eviction_index,
+        importance.stride(0), importance.stride(1), importance.stride(2),
+        magnitudes.stride(0), magnitudes.stride(1), magnitudes.stride(2),
+        noise_arg.stride(0), noise_arg.stride(1), noise_arg.stride(2),
+        STOCHASTIC=stochastic,
+        HAS_NOISE=noise is not None,
+        BLOCK_R=block_r,
+        BLOCK_N=block_n,
+        num_warps=select_warps,
+    )
+
+    block_r, block_m, block_d, compact_warps = _compact_launch(num_rows, budget, head_dim)
+    _evict_compact_kernel[(triton.cdiv(num_rows, block_r), triton.cdiv(head_dim, block_d))](
+        keys, values, scores, magnitudes, positions, lengths, sources, flags,
+        num_rows, num_heads, num_slots, head_dim, budget,
+        keys.stride(0), keys.stride(1), keys.stride(2), keys.stride(3),
+        values.stride(0), values.stride(1), values.stride(2), values.stride(3),
+        scores.stride(0), scores.stride(1), scores.stride(2),
+        magnitudes.stride(0), magnitudes.stride(1), magnitudes.stride(2),
+        positions.stride(0), positions.stride(1), positions.stride(2),
+        KEEP_SCORES=keep_scores,
+        BLOCK_R=block_r,
+        BLOCK_M=block_m,
+        BLOCK_D=block_d,
+        num_warps=compact_warps,
+    )

@@ -1,0 +1,121 @@
+"""Public cache-append op: argument checks, `torch.library` registration, backend dispatch.
+
+`append_` validates shapes, dtypes and devices (never values: the counters stay on
+device), then calls the custom op `vase_triton::append_`, which mutates the cache
+buffers in place and runs the Triton kernel or the PyTorch reference as
+`vase_triton.backend` decides.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vase_triton import reference
+from vase_triton.backend import use_triton
+from vase_triton.config import VALUE_STATS
+from vase_triton.validation import (
+    FLOAT_DTYPES,
+    check_float_dtype,
+    check_rank,
+    check_same_device,
+    check_same_dtype,
+)
+
+_CACHE_DTYPES = FLOAT_DTYPES + (torch.float64,)
+
+
+@torch.library.custom_op(
+    "vase_triton::append_",
+    mutates_args=("keys", "values", "magnitudes", "positions", "lengths", "next_positions"),
+)
+def _append_op(
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    magnitudes: torch.Tensor,
+    positions: torch.Tensor,
+    lengths: torch.Tensor,
+    next_positions: torch.Tensor,
+    new_keys: torch.Tensor,
+    new_values: torch.Tensor,
+    value_stat: str,
+) -> None:
+    if use_triton(keys.device):
+        from vase_triton.kernels.cache_append import cache_append_triton
+
+        cache_append_triton(
+            keys, values, magnitudes, positions, lengths, next_positions, new_keys, new_values, value_stat
+        )
+        return
+    reference.append_(
+        keys, values, magnitudes, positions, lengths, next_positions, new_keys, new_values, value_stat=value_stat
+    )
+
+
+@_append_op.register_fake
+def _append_fake(keys, values, magnitudes, positions, lengths, next_positions, new_keys, new_values, value_stat):
+    return None
+
+
+def _check_exact(name: str, tensor: torch.Tensor, dtype: torch.dtype, shape: tuple, layout: str) -> None:
+    check_rank(name, tensor, len(shape), layout)
+    if tuple(tensor.shape) != shape:
+        raise ValueError(f"{name}: expected shape {layout} = {list(shape)}; got {list(tensor.shape)}")
+    if tensor.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}; got {tensor.dtype}")
+
+
+def append_(
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    magnitudes: torch.Tensor,
+    positions: torch.Tensor,
+    lengths: torch.Tensor,
+    next_positions: torch.Tensor,
+    new_keys: torch.Tensor,
+    new_values: torch.Tensor,
+    *,
+    value_stat: str,
+) -> None:
+    """Append `T_new` tokens to every sequence of a static KV cache, in place.
+
+    Sequence `b` gets `new_keys[b]`, `new_values[b]` in slots `[lengths[b], lengths[b] + T_new)`
+    of every KV head, their value magnitude (`value_stat` over D, in fp32) in `magnitudes` and
+    positions `next_positions[b] + t` in `positions`; then `lengths[b]` and `next_positions[b]`
+    advance by `T_new`. A sequence whose cache would overflow (`lengths[b] + T_new > C`) is left
+    untouched, counters included. Everything is decided on device (no host reads), so the op can
+    run inside `torch.compile` graphs and CUDA graphs.
+
+    Args:
+        keys, values: `[B, Hkv, C, D]` cache, fp16, bf16, fp32 or fp64.
+        magnitudes: `[B, Hkv, C]` float32.
+        positions: `[B, Hkv, C]` int32 token positions (-1 in empty slots).
+        lengths: `[B]` int32 valid slots per sequence.
+        next_positions: `[B]` int32 position of the next token of each sequence.
+        new_keys, new_values: `[B, Hkv, T_new, D]`, same dtype and device as `keys`.
+        value_stat: `range`, `absmax`, `l2` or `var`.
+    """
+    check_rank("keys", keys, 4, "[B, Hkv, C, D]")
+    check_float_dtype("keys", keys, _CACHE_DTYPES)
+    batch, kv_heads, capacity, head_dim = keys.shape
+    _check_exact("values", values, keys.dtype, tuple(keys.shape), "[B, Hkv, C, D]")
+    _check_exact("magnitudes", magnitudes, torch.float32, (batch, kv_heads, capacity), "[B, Hkv, C]")
+    _check_exact("positions", positions, torch.int32, (batch, kv_heads, capacity), "[B, Hkv, C]")
+    _check_exact("lengths", lengths, torch.int32, (batch,), "[B]")
+    _check_exact("next_positions", next_positions, torch.int32, (batch,), "[B]")
+    check_rank("new_keys", new_keys, 4, "[B, Hkv, T_new, D]")
+    check_rank("new_values", new_values, 4, "[B, Hkv, T_new, D]")
+    check_same_dtype(("keys", "new_keys", "new_values"), (keys, new_keys, new_values))
+    expected = (batch, kv_heads, new_keys.shape[2], head_dim)
+    for name, tensor in (("new_keys", new_keys), ("new_values", new_values)):
+        if tuple(tensor.shape) != expected:
+            raise ValueError(
+                f"{name}: expected shape [B, Hkv, T_new, D] = {list(expected)} matching the cache; "
+                f"got {list(tensor.shape)}"
+            )
+    check_same_device(
+        ("keys", "values", "magnitudes", "positions", "lengths", "next_positions", "new_keys", "new_values"),
+        (keys, values, magnitudes, positions, lengths, next_positions, new_keys, new_values),
+    )
+    if value_stat not in VALUE_STATS:
+        raise ValueError(f"value_stat: expected one of {', '.join(VALUE_STATS)}; got {value_stat!r}")
+    _append_op(keys, values, magnitudes, positions, lengths, next_positions, new_keys, new_values, value_stat)
