@@ -1,0 +1,72 @@
+"""The `vase-triton` command: first-run path, help, and one-line errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vase_triton.cli import main
+
+
+def test_generate_on_builtin_default_reports_summary(capsys, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    assert main(["generate", "--max-new-tokens", "160", "--budget", "40", "--window", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "built-in tiny random Qwen3" in out
+    assert "tokens generated: 160" in out
+    assert "tokens/s" in out
+    evictions = int(out.split("evictions:")[1].split()[0])
+    assert evictions > 0
+    assert "static cache vs" in out
+
+
+def test_first_run_path_as_module_in_a_fresh_process():
+    env = dict(os.environ, VASE_BACKEND="torch")
+    env.pop("TRITON_INTERPRET", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "vase_triton", "generate", "--max-new-tokens", "80", "--policy", "snapkv"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "tokens generated: 80" in result.stdout
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["generate", "--help"]], ids=["top", "generate"])
+def test_help(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 0
+    assert "usage: vase-triton" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["generate", "--policy", "nope"], "--policy"),
+        (["generate", "--budget", "-3"], "--budget"),
+        (["generate", "--max-new-tokens", "many"], "--max-new-tokens"),
+        ([], "COMMAND"),
+    ],
+    ids=["policy", "budget", "max-new-tokens", "no-command"],
+)
+def test_bad_arguments_exit_non_zero(argv, fragment, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code != 0
+    assert fragment in capsys.readouterr().err
+
+
+def test_invalid_config_and_missing_model_are_one_line_errors(tmp_path, capsys):
+    assert main(["generate", "--budget", "8", "--window", "8"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("vase-triton: error:") and "budget" in err and len(err.splitlines()) == 1
+
+    assert main(["generate", "--model", str(tmp_path / "missing-model")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("vase-triton: error: --model") and len(err.splitlines()) == 1

@@ -1,0 +1,57 @@
+"""VaSEConfig: defaults from the paper, validation messages that explain the constraint."""
+
+from __future__ import annotations
+
+import pytest
+
+from vase_triton import POLICIES, VaSEConfig
+
+
+def test_defaults_follow_the_paper():
+    config = VaSEConfig()
+    assert (config.policy, config.window, config.n_sink, config.pool_kernel) == ("vase", 64, 4, 5)
+    assert config.capacity == config.budget + config.window
+    assert config.resolved_n_protect == config.budget // 4
+    assert config.stochastic and config.protects_values and config.evicts
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_is_accepted(policy):
+    config = VaSEConfig(policy=policy, budget=128, window=16)
+    assert config.protects_values == (policy == "vase")
+    assert config.evicts == (policy != "full")
+    assert config.resolved_n_protect == (32 if policy == "vase" else 0)
+
+
+def test_default_n_protect_is_clipped_to_what_fits():
+    config = VaSEConfig(budget=80, window=64)
+    assert config.resolved_n_protect == 80 - 64 - 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"policy": "topk"}, "policy: expected one of vase, vase-dkv"),
+        ({"budget": 64, "window": 64}, "budget > window"),
+        ({"budget": 100, "window": 64, "n_protect": 40}, "n_protect + n_sink"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"value_stat": "max"}, "value_stat: expected one of range, absmax, l2, var"),
+        ({"pool_kernel": 4}, "pool_kernel"),
+        ({"rkv_lambda": 1.5}, "rkv_lambda"),
+        ({"window": 0}, "window"),
+        ({"n_sink": -1}, "n_sink"),
+        ({"seed": -1}, "seed"),
+    ],
+    ids=["policy", "budget", "n_protect", "temperature", "value_stat", "pool", "lambda", "window", "sink", "seed"],
+)
+def test_invalid_values_raise_value_error_naming_the_constraint(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment.replace("+", r"\+")):
+        VaSEConfig(**kwargs)
+
+
+def test_wrong_types_and_unknown_fields():
+    with pytest.raises(TypeError, match="budget: expected an int"):
+        VaSEConfig(budget=100.0)
+    with pytest.raises(TypeError, match="unknown VaSEConfig field"):
+        VaSEConfig().replace(bugdet=10)
+    assert VaSEConfig().replace(budget=512).budget == 512

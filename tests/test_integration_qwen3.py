@@ -1,0 +1,226 @@
+"""End-to-end: a patched tiny random Qwen3 (and Qwen2 / Llama) through `generate`.
+
+Runs on CPU; the kernels run in the Triton interpreter (tests/conftest.py), except
+for the long generations, which use the PyTorch reference backend for speed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, StoppingCriteria
+
+import vase_triton
+from vase_triton import VaSECache, VaSEConfig
+from vase_triton.config import POLICIES
+from vase_triton.demo_model import ByteTokenizer, tiny_qwen3
+
+PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Hi!", "Count: 1, 2, 3,"]
+
+
+@pytest.fixture
+def model():
+    return tiny_qwen3(seed=1)
+
+
+@pytest.fixture
+def tokenizer():
+    return ByteTokenizer()
+
+
+def greedy(model, inputs, max_new_tokens, **kwargs):
+    out = model.generate(
+        **inputs,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
+    return out.sequences, torch.stack(out.logits, dim=1)
+
+
+def test_no_eviction_matches_unpatched_single_prompt(model, tokenizer):
+    inputs = tokenizer(PROMPTS[0])
+    ref_tokens, ref_logits = greedy(model, inputs, 24)
+    vase_triton.patch_qwen3(model, budget=512, window=16)
+    tokens, logits = greedy(model, inputs, 24)
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_no_eviction_left_padded_batch_matches_each_row_alone(model, tokenizer):
+    vase_triton.patch_qwen3(model, budget=512, window=16)
+    batch_tokens, batch_logits = greedy(model, tokenizer(PROMPTS), 16)
+    width = batch_tokens.shape[1] - 16
+    for row, prompt in enumerate(PROMPTS):
+        alone = tokenizer(prompt)
+        tokens, logits = greedy(model, alone, 16)
+        assert torch.equal(batch_tokens[row, width:], tokens[0, alone["input_ids"].shape[1]:])
+        torch.testing.assert_close(batch_logits[row], logits[0], rtol=1e-4, atol=1e-4)
+    vase_triton.unpatch(model)
+    ref_tokens, ref_logits = greedy(model, tokenizer(PROMPTS), 16)
+    assert torch.equal(batch_tokens, ref_tokens)
+    torch.testing.assert_close(batch_logits, ref_logits, rtol=1e-4, atol=1e-4)
+
+
+class CacheWatcher(StoppingCriteria):
+    """Records the largest number of valid slots in any layer after every step."""
+
+    def __init__(self, cache: VaSECache):
+        self.cache = cache
+        self.max_length = 0
+
+    def __call__(self, input_ids, scores, **kwargs):
+        lengths = torch.stack([store.lengths for store in self.cache.stores])
+        self.max_length = max(self.max_length, int(lengths.max()))
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+def test_long_generation_with_eviction_stays_within_capacity_and_unpatch_restores(model, tokenizer, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    inputs = tokenizer(PROMPTS[:2])
+    before = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+
+    config = VaSEConfig(budget=48, window=16)
+    vase_triton.patch_qwen3(model, config)
+    cache = VaSECache.for_model(model, config, batch_size=2)
+    watcher = CacheWatcher(cache)
+    out = model.generate(
+        **inputs, max_new_tokens=2000, min_new_tokens=2000, do_sample=False, cache=cache, stopping_criteria=[watcher]
+    )
+    assert out.shape[1] == inputs["input_ids"].shape[1] + 2000
+    assert watcher.max_length <= config.capacity
+    assert cache.n_evictions >= (2000 - config.capacity) // config.window
+    for store in cache.stores:
+        assert torch.isfinite(store.keys[:, :, : config.budget]).all()
+
+    vase_triton.unpatch(model)
+    after = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    assert torch.equal(before, after)
+
+
+def test_prompt_longer_than_capacity_is_compressed_at_prefill(model, tokenizer):
+    config = VaSEConfig(budget=24, window=8)
+    vase_triton.patch_qwen3(model, config)
+    cache = VaSECache.for_model(model, config, batch_size=1)
+    inputs = tokenizer("A long prompt that certainly exceeds the tiny capacity of this cache. " * 2)
+    assert inputs["input_ids"].shape[1] > config.capacity
+    out = model.generate(**inputs, max_new_tokens=10, do_sample=False, cache=cache)
+    assert out.shape[1] == inputs["input_ids"].shape[1] + 10
+    assert all(int(store.lengths.max()) <= config.capacity for store in cache.stores)
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICIES])
+def test_every_policy_runs_through_generate(policy, tokenizer, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    model = tiny_qwen3(seed=2, num_layers=1)
+    vase_triton.patch_qwen3(model, policy=policy, budget=20, window=4)
+    out = model.generate(**tokenizer(PROMPTS[:2]), max_new_tokens=60, min_new_tokens=60, do_sample=False)
+    assert out.shape == (2, tokenizer(PROMPTS[:2])["input_ids"].shape[1] + 60)
+
+
+def test_sampling_and_num_return_sequences(model, tokenizer, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    vase_triton.patch_qwen3(model, budget=20, window=4)
+    torch.manual_seed(0)
+    inputs = tokenizer(PROMPTS[:2])
+    out = model.generate(**inputs, max_new_tokens=30, do_sample=True, temperature=1.0, num_return_sequences=2)
+    assert out.shape == (4, inputs["input_ids"].shape[1] + 30)
+
+
+def test_compiled_decode_step_has_no_graph_break_and_matches_eager(model, tokenizer):
+    config = VaSEConfig(budget=20, window=4)
+    vase_triton.patch_qwen3(model, config)
+    inputs = tokenizer(PROMPTS[0])
+    prompt_len = inputs["input_ids"].shape[1]
+    cache = VaSECache.for_model(model, config, batch_size=1)
+    with torch.no_grad():
+        model(**inputs, cache=cache)
+        cache.begin_step(1)
+        step = {
+            "input_ids": torch.tensor([[7]]),
+            "position_ids": torch.tensor([[prompt_len]]),
+            model._vase_patch_state.cache_kwarg: cache,
+            "vase_cache": cache,
+            "use_cache": True,
+        }
+        forward = type(model).forward.__get__(model)
+        explanation = torch._dynamo.explain(forward)(**step)
+    assert explanation.graph_break_count == 0
+    assert explanation.graph_count == 1
+
+    torch._dynamo.reset()
+    eager_model = tiny_qwen3(seed=1)
+    vase_triton.patch_qwen3(eager_model, config)
+    eager = eager_model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    vase_triton.patch_qwen3(model, config, compile_mode="default")
+    compiled = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    assert torch.equal(compiled, eager)
+
+
+def test_patch_is_idempotent_and_context_manager_restores(model, tokenizer):
+    original_forward = model.forward
+    vase_triton.patch_qwen3(model, budget=64, window=16)
+    vase_triton.patch_qwen3(model, budget=32, window=16)
+    assert vase_triton.is_patched(model)
+    assert model._vase_patch_state.config.budget == 32
+    assert model.config._attn_implementation == "vase"
+    vase_triton.unpatch(model)
+    assert not vase_triton.is_patched(model)
+    assert model.forward == original_forward
+    assert model.config._attn_implementation != "vase"
+    with vase_triton.patched(model, budget=32, window=16):
+        assert vase_triton.is_patched(model)
+    assert not vase_triton.is_patched(model)
+
+
+def test_refusals_are_clear(model, tokenizer):
+    vase_triton.patch_qwen3(model, budget=32, window=8)
+    inputs = tokenizer(PROMPTS[0])
+    with pytest.raises(ValueError, match="num_beams"):
+        model.generate(**inputs, max_new_tokens=4, num_beams=2, do_sample=False)
+    cache = VaSECache.for_model(model, model._vase_patch_state.config, batch_size=1)
+    model.generate(**inputs, max_new_tokens=4, do_sample=False, cache=cache)
+    with pytest.raises(ValueError, match="already holds"):
+        model.generate(**inputs, max_new_tokens=4, do_sample=False, cache=cache)
+    cache.reset()
+    model.generate(**inputs, max_new_tokens=4, do_sample=False, cache=cache)
+    with pytest.raises(TypeError, match="model_type"):
+        vase_triton.patch_qwen3(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="budget"):
+        vase_triton.patch_qwen3(model, budget=8, window=8)
+
+
+def _tiny_config(config_class):
+    return config_class(
+        vocab_size=ByteTokenizer.vocab_size,
+        hidden_size=128,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        pad_token_id=0,
+    )
+
+
+@pytest.mark.parametrize(
+    "model_class, config_class, patch",
+    [
+        (Qwen2ForCausalLM, Qwen2Config, "patch_qwen2"),
+        (LlamaForCausalLM, LlamaConfig, "patch_llama"),
+    ],
+    ids=["qwen2", "llama"],
+)
+def test_distill_architectures(model_class, config_class, patch, tokenizer):
+    torch.manual_seed(0)
+    model = model_class(_tiny_config(config_class)).eval()
+    inputs = tokenizer(PROMPTS[:2])
+    ref_tokens, ref_logits = greedy(model, inputs, 10)
+    getattr(vase_triton, patch)(model, budget=256, window=16)
+    tokens, logits = greedy(model, inputs, 10)
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    with pytest.raises(TypeError, match="qwen3"):
+        vase_triton.patch_qwen3(model_class(_tiny_config(config_class)))

@@ -1,0 +1,1 @@
+"""Model integrations: transformers cache container, attention function and patching."""
