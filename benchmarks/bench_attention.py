@@ -9,7 +9,6 @@ The launchers are timed directly: the public ops add argument checks that read
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -17,21 +16,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reporting import row_from_benchmark
+from reporting import Timing, per_call, row_from_benchmark, run_timed
 from vase_triton.kernels.decode_attention import decode_attention_triton
 from vase_triton.kernels.prefill_attention import prefill_attention_triton
 
 ON_GPU = torch.cuda.is_available()
 SUITE = "attention"
-
-
-@dataclass(frozen=True)
-class Timing:
-    """pytest-benchmark rounds; each round runs the target `calls` times, then synchronises."""
-
-    rounds: int
-    warmup_rounds: int
-    calls: int
 
 
 @dataclass(frozen=True)
@@ -84,25 +74,6 @@ else:
     TIMING_PREFILL = TIMING_DECODE = Timing(rounds=1, warmup_rounds=0, calls=1)
     PREFILL = [PrefillShape(1, 4, 1, 128, 64, 0), PrefillShape(1, 4, 1, 128, 64, 64)]
     DECODE = DecodeShape(2, 4, 1, 257, 64)
-
-
-def run_timed(benchmark, timing: Timing, target):
-    """Benchmark `target`; the recorded statistics are per call."""
-
-    def round_of_calls():
-        for _ in range(timing.calls):
-            result = target()
-        if ON_GPU:
-            torch.cuda.synchronize()
-        return result
-
-    return benchmark.pedantic(round_of_calls, rounds=timing.rounds, warmup_rounds=timing.warmup_rounds)
-
-
-def per_call(row, calls: int):
-    if row.median_s is None:
-        return row
-    return dataclasses.replace(row, median_s=row.median_s / calls, iqr_s=row.iqr_s / calls)
 
 
 def prefill_inputs(shape: PrefillShape, device: torch.device):

@@ -15,27 +15,17 @@ per-token magnitudes and positions moved, scores and freed positions cleared.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import pytest
 import torch
 
-from reporting import row_from_benchmark
+from reporting import Timing, per_call, row_from_benchmark, run_timed
 from vase_triton import reference
 from vase_triton.ops import evict_
 
 ON_GPU = torch.cuda.is_available()
 SUITE = "eviction"
-
-
-@dataclass(frozen=True)
-class Timing:
-    """pytest-benchmark rounds; each round runs the target `calls` times, then synchronises."""
-
-    rounds: int
-    warmup_rounds: int
-    calls: int
 
 
 @dataclass(frozen=True)
@@ -73,24 +63,6 @@ else:
     SHAPE = EvictionShape(2, 2, 40, 8, 64, torch.bfloat16)
 
 
-def run_timed(benchmark, target):
-    """Benchmark `target`; the recorded statistics are per call."""
-
-    def round_of_calls():
-        for _ in range(TIMING.calls):
-            target()
-        if ON_GPU:
-            torch.cuda.synchronize()
-
-    benchmark.pedantic(round_of_calls, rounds=TIMING.rounds, warmup_rounds=TIMING.warmup_rounds)
-
-
-def per_call(row):
-    if row.median_s is None:
-        return row
-    return dataclasses.replace(row, median_s=row.median_s / TIMING.calls, iqr_s=row.iqr_s / TIMING.calls)
-
-
 def cache_layer(shape: EvictionShape, device: torch.device) -> dict:
     gen = torch.Generator(device=device).manual_seed(0)
     rows = (shape.batch, shape.kv_heads, shape.slots)
@@ -124,9 +96,9 @@ def test_eviction(benchmark, record_row, device, implementation: str):
             layer["lengths"], layer["importance"], **kwargs,
         )
 
-    run_timed(benchmark, evict)
+    run_timed(benchmark, TIMING, evict)
     assert bool((layer["lengths"] == shape.budget).all())
     assert bool((layer["positions"][:, :, shape.budget:] == -1).all())
     name = "fused triton" if implementation == "triton" else "reference (sort + gather)"
     row = row_from_benchmark(benchmark, SUITE, name, shape.describe(), bytes_moved=shape.nominal_bytes())
-    record_row(per_call(row))
+    record_row(per_call(row, TIMING.calls))

@@ -1,12 +1,14 @@
 """Shared helpers of the benchmark suites: environment, timing statistics, rooflines, reports.
 
-A suite measures with pytest-benchmark and records one `Row` per measurement
-(`row_from_benchmark`); `benchmarks/conftest.py` collects the rows, prints them and
-writes them as a markdown record under `benchmarks/results/` (`write_report`).
+A suite times its target with `run_timed` (pytest-benchmark rounds of `Timing.calls`
+calls) and records one `Row` per call (`per_call(row_from_benchmark(...), calls)`);
+`benchmarks/conftest.py` collects the rows, prints them and writes them as a markdown
+record under `benchmarks/results/` (`write_report`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import platform
 import re
@@ -31,6 +33,15 @@ class Roofline:
 ROOFLINES = {
     "H200": Roofline(bandwidth_gbs=4300.0, bf16_tflops=790.0),
 }
+
+
+@dataclass(frozen=True)
+class Timing:
+    """pytest-benchmark rounds; each round runs the target `calls` times, then synchronises."""
+
+    rounds: int
+    warmup_rounds: int
+    calls: int
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,26 @@ def row_from_benchmark(benchmark, suite: str, name: str, shape: str, *, flops=No
     """A `Row` from a pytest-benchmark fixture; `shape` describes the inputs, e.g. `B1 Hq32 Hkv8 T8192 D128`."""
     median, iqr = timing(benchmark)
     return Row(suite, name, shape, median, iqr, flops, bytes_moved)
+
+
+def run_timed(benchmark, timing: Timing, target):
+    """Benchmark `target` with `timing`; returns the result of its last call."""
+
+    def round_of_calls():
+        for _ in range(timing.calls):
+            result = target()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return result
+
+    return benchmark.pedantic(round_of_calls, rounds=timing.rounds, warmup_rounds=timing.warmup_rounds)
+
+
+def per_call(row: Row, calls: int) -> Row:
+    """`row` with the timing of one round divided among its `calls` calls."""
+    if row.median_s is None:
+        return row
+    return dataclasses.replace(row, median_s=row.median_s / calls, iqr_s=row.iqr_s / calls)
 
 
 def _rate(amount: Optional[float], seconds: Optional[float], unit: float) -> Optional[float]:

@@ -17,3 +17,12 @@ import pytest  # noqa: E402
 @pytest.fixture
 def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture
+def one_thread():
+    """The reference ops on these tiny tensors are dominated by thread wake-ups: run them on one thread."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cache_testing import clone_buffers
 from vase_triton.cache import VaSECacheLayer
 from vase_triton.config import VaSEConfig
 
@@ -35,8 +36,7 @@ def _qkv(tokens, device, **overrides):
 
 
 def _snapshot(layer: VaSECacheLayer):
-    names = ("keys", "values", "scores", "magnitudes", "positions", "lengths", "next_positions")
-    return {name: getattr(layer, name).clone() for name in names} | {
+    return clone_buffers(layer) | {
         "length_bound": layer.length_bound,
         "n_evictions": layer.n_evictions,
     }

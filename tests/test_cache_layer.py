@@ -8,25 +8,12 @@ import random
 import pytest
 import torch
 
+from cache_testing import BUFFERS, check_row_order, clone_buffers
 from vase_triton import reference
 from vase_triton.cache import VaSECacheLayer
 from vase_triton.config import POLICIES, VaSEConfig
 
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
-BUFFERS = ("keys", "values", "scores", "magnitudes", "positions", "lengths", "next_positions")
-
-
-@pytest.fixture
-def one_thread():
-    """The reference ops on these tiny tensors are dominated by thread wake-ups: run them on one thread."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-def _snapshot(layer: VaSECacheLayer) -> dict:
-    return {name: getattr(layer, name).clone() for name in BUFFERS}
 
 
 def _random_run(batch, q_heads, kv_heads, tokens, head_dim, dtype, seed):
@@ -39,20 +26,6 @@ def _random_run(batch, q_heads, kv_heads, tokens, head_dim, dtype, seed):
     return query.to(dtype), key.to(dtype), value.to(dtype)
 
 
-def _check_row_order(layer: VaSECacheLayer) -> None:
-    """Valid slots hold strictly increasing positions below next_positions; the rest is -1."""
-    capacity = layer.capacity
-    slot = torch.arange(capacity, device=layer.lengths.device).view(1, 1, capacity)
-    valid = slot < layer.lengths.long().view(-1, 1, 1)
-    positions = layer.positions.long()
-    assert bool((positions[~valid.expand_as(positions)] == -1).all())
-    assert bool((positions[valid.expand_as(positions)] >= 0).all())
-    increasing = positions[:, :, 1:] > positions[:, :, :-1]
-    both_valid = valid[:, :, 1:].expand_as(increasing)
-    assert bool(increasing[both_valid].all())
-    assert bool((positions < layer.next_positions.long().view(-1, 1, 1)).all())
-
-
 def _check_eviction(layer, before, all_keys, all_values, old_lengths) -> None:
     """Invariants of one eviction, given the buffers right before it.
 
@@ -61,7 +34,7 @@ def _check_eviction(layer, before, all_keys, all_values, old_lengths) -> None:
     config = layer.config
     budget, window, n_sink = config.budget, config.window, config.n_sink
     n_protect = config.resolved_n_protect
-    _check_row_order(layer)
+    check_row_order(layer)
     for b in range(layer.batch_size):
         n = int(old_lengths[b])
         if n <= budget:
@@ -161,7 +134,7 @@ def test_invariants_after_every_eviction(index, device, monkeypatch, one_thread)
     scale = case["head_dim"] ** -0.5
 
     layer.prefill(query[:, :, :prompt], key[:, :, :prompt], value[:, :, :prompt], scale=scale)
-    _check_row_order(layer)
+    check_row_order(layer)
     assert layer.length_bound == (min(prompt, config.budget) if prompt > config.capacity else prompt)
     if prompt > config.capacity:
         # Prompt compression: same invariants against the prompt itself.
@@ -191,14 +164,14 @@ def test_invariants_after_every_eviction(index, device, monkeypatch, one_thread)
         assert bool(torch.isfinite(out).all())
         layer.length_bound += 1
         if layer.length_bound == layer.capacity:
-            before = _snapshot(layer)
+            before = clone_buffers(layer)
             old_lengths = layer.lengths.clone()
             assert bool((old_lengths == layer.capacity).all())
             layer.evict()
             _check_eviction(layer, before, key, value, old_lengths)
             assert layer.length_bound == config.budget
     assert layer.n_evictions > evictions
-    _check_row_order(layer)
+    check_row_order(layer)
 
 
 def test_ragged_prompt_compression_and_untouched_short_rows(device, monkeypatch):
@@ -214,7 +187,7 @@ def test_ragged_prompt_compression_and_untouched_short_rows(device, monkeypatch)
     # Row 0 (41 > C = 30) and row 2 (budget < 27 <= C, evicted with the batch) hold budget tokens.
     assert layer.lengths.tolist() == [24, 9, 24]
     assert layer.length_bound == config.budget
-    _check_row_order(layer)
+    check_row_order(layer)
     # Row 1: its 9 real tokens, left-aligned, padding never stored.
     assert torch.equal(layer.keys[1, :, :9], key[1, :, prompt - 9 :].to(device))
     assert bool((layer.positions[1, :, :9] == torch.arange(9, device=device, dtype=torch.int32)).all())

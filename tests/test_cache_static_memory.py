@@ -6,19 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cache_testing import BUFFERS
 from vase_triton.cache import VaSECacheLayer
 from vase_triton.config import VaSEConfig
 
-BUFFERS = ("keys", "values", "scores", "magnitudes", "positions", "lengths", "next_positions")
-
-
-@pytest.fixture
-def one_thread():
-    """The reference ops on these tiny tensors are dominated by thread wake-ups: run them on one thread."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def _stream(batch, q_heads, kv_heads, tokens, head_dim, dtype, device, seed):

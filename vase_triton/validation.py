@@ -36,6 +36,16 @@ def check_rank(name: str, tensor: torch.Tensor, rank: int, layout: str) -> None:
         raise ValueError(f"{name}: expected a {rank}-d tensor {layout}; got shape {tuple(tensor.shape)}")
 
 
+def check_exact(name: str, tensor: object, shape: Sequence[int], dtype: torch.dtype, layout: str) -> None:
+    """`tensor` must be a tensor of exactly `shape` (spelled `layout`, e.g. `[B, Hkv, N]`) and `dtype`."""
+    check_rank(name, tensor, len(shape), layout)
+    if tuple(tensor.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {layout} = {list(shape)}; got {list(tensor.shape)}")
+    if tensor.dtype != dtype:
+        expected, got = (str(d).replace("torch.", "") for d in (dtype, tensor.dtype))
+        raise TypeError(f"{name}: expected dtype {expected}; got {got}")
+
+
 def check_float_dtype(name: str, tensor: torch.Tensor, allowed: Sequence[torch.dtype] = FLOAT_DTYPES) -> None:
     if tensor.dtype not in allowed:
         names = ", ".join(str(d).replace("torch.", "") for d in allowed)

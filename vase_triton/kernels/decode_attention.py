@@ -23,10 +23,19 @@ import triton
 import triton.language as tl
 
 from vase_triton.backend import interpreter_enabled
+from vase_triton.kernels.online_softmax import online_softmax_step
 
 _LOG2E = 1.4426950408889634
 _MIN_GROUP_ROWS = 16
 _MAX_SPLITS = 128
+
+
+@triton.jit
+def _split_slots(cache_lens_ptr, batch, split, chunk):
+    """Valid slots `[start, end)` of this split's chunk of sequence `batch` (empty past its length)."""
+    start = split * chunk
+    end = tl.minimum(start + chunk, tl.load(cache_lens_ptr + batch).to(tl.int32))
+    return start, end
 
 
 @triton.jit
@@ -70,9 +79,7 @@ def _decode_partial_kernel(
     split = tl.program_id(1)
     batch = pid_bh // kv_heads
     kv_head = pid_bh % kv_heads
-    seq_len = tl.load(cache_lens_ptr + batch).to(tl.int32)
-    start = split * chunk
-    end = tl.minimum(start + chunk, seq_len)
+    start, end = _split_slots(cache_lens_ptr, batch, split, chunk)
 
     offs_g = tl.arange(0, BLOCK_G)  # [BLOCK_G]
     offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
@@ -110,12 +117,7 @@ def _decode_partial_kernel(
         s = tl.where(col_valid[None, :], s, float("-inf"))
         if EMIT_LOGITS:
             tl.store(logits_rows[:, None] + cols[None, :], s, mask=row_valid[:, None] & col_valid[None, :])
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION)
 
     seen = l_i > 0.0
     safe_l = tl.where(seen, l_i, 1.0)
@@ -193,9 +195,7 @@ def _decode_combine_kernel(
         )
 
     if EMIT_SCORES:
-        seq_len = tl.load(cache_lens_ptr + batch).to(tl.int32)
-        start = split * chunk
-        end = tl.minimum(start + chunk, seq_len)
+        start, end = _split_slots(cache_lens_ptr, batch, split, chunk)
         logits_rows = logits_ptr + (batch * q_heads + heads) * capacity  # [BLOCK_G]
         scores_row = scores_ptr + batch * stride_sb + kv_head * stride_sh
         offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]

@@ -158,6 +158,13 @@ def _evict_select_kernel(
 
 
 @triton.jit
+def _slot_tile(row_bases, slots, offs_d, stride_n, stride_d):
+    """Pointers [BLOCK_R, BLOCK_M, BLOCK_D] to dims `offs_d` [BLOCK_D] of slots `slots`
+    [BLOCK_R or 1, BLOCK_M] of the rows starting at `row_bases` [BLOCK_R]."""
+    return row_bases[:, None, None] + slots[:, :, None] * stride_n + offs_d[None, None, :] * stride_d
+
+
+@triton.jit
 def _evict_compact_kernel(
     # pointers
     keys_ptr,
@@ -211,8 +218,8 @@ def _evict_compact_kernel(
             src = src.to(tl.int64)
             dst = dst.to(tl.int64)
             move_tile = move[:, :, None] & mask_d[None, None, :]  # [BLOCK_R, BLOCK_M, BLOCK_D]
-            k_src = k_rows[:, None, None] + src[:, :, None] * stride_kn + offs_d[None, None, :] * stride_kd
-            v_src = v_rows[:, None, None] + src[:, :, None] * stride_vn + offs_d[None, None, :] * stride_vd
+            k_src = _slot_tile(k_rows, src, offs_d, stride_kn, stride_kd)
+            v_src = _slot_tile(v_rows, src, offs_d, stride_vn, stride_vd)
             k_tile = tl.load(k_src, mask=move_tile)  # [BLOCK_R, BLOCK_M, BLOCK_D]
             v_tile = tl.load(v_src, mask=move_tile)  # [BLOCK_R, BLOCK_M, BLOCK_D]
             move_token = move & owner[:, None]  # [BLOCK_R, BLOCK_M]
@@ -222,8 +229,8 @@ def _evict_compact_kernel(
                 score = tl.load(s_rows[:, None] + src * stride_sn, mask=move_token)
             # Every thread has read its sources before any thread overwrites one.
             tl.debug_barrier()
-            k_dst = k_rows[:, None, None] + dst[None, :, None] * stride_kn + offs_d[None, None, :] * stride_kd
-            v_dst = v_rows[:, None, None] + dst[None, :, None] * stride_vn + offs_d[None, None, :] * stride_vd
+            k_dst = _slot_tile(k_rows, dst[None, :], offs_d, stride_kn, stride_kd)
+            v_dst = _slot_tile(v_rows, dst[None, :], offs_d, stride_vn, stride_vd)
             tl.store(k_dst, k_tile, mask=move_tile)
             tl.store(v_dst, v_tile, mask=move_tile)
             tl.store(m_rows[:, None] + dst[None, :] * stride_mn, magnitude, mask=move_token)

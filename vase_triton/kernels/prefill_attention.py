@@ -20,8 +20,54 @@ import triton
 import triton.language as tl
 
 from vase_triton.backend import interpreter_enabled
+from vase_triton.kernels.online_softmax import online_softmax_step
 
 _LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _sequence_length(kv_lens_ptr, batch, k_len, HAS_KV_LENS: tl.constexpr):
+    """Valid keys of sequence `batch`: `kv_lens[batch]`, or all `k_len` without lengths."""
+    if HAS_KV_LENS:
+        seq_len = tl.load(kv_lens_ptr + batch).to(tl.int32)
+    else:
+        seq_len = k_len
+    return seq_len
+
+
+@triton.jit
+def _attend_key_block(
+    # tiles and running state
+    q, k_base, v_base, cols, offs_d, q_pos, seq_len, qk_scale, m_i, l_i, acc,
+    # strides
+    stride_kt, stride_vt,
+    # meta-parameters
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Attend the query block `q` [BLOCK_M, HEAD_DIM] to keys `cols` [BLOCK_N]; returns `(m_i, l_i, acc)`.
+
+    An unmasked block lies wholly inside every row's visible range; a masked one hides keys
+    at or past `seq_len` and, when causal, those after each row's position `q_pos` [BLOCK_M].
+    """
+    k_ptrs = k_base + cols[:, None] * stride_kt + offs_d[None, :]
+    v_ptrs = v_base + cols[:, None] * stride_vt + offs_d[None, :]
+    if MASKED:
+        col_valid = cols < seq_len
+        k = tl.load(k_ptrs, mask=col_valid[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
+        v = tl.load(v_ptrs, mask=col_valid[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
+    else:
+        k = tl.load(k_ptrs)  # [BLOCK_N, HEAD_DIM]
+        v = tl.load(v_ptrs)  # [BLOCK_N, HEAD_DIM]
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+    if MASKED:
+        visible = col_valid[None, :]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= q_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+    return online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION)
 
 
 @triton.jit
@@ -70,10 +116,7 @@ def _prefill_forward_kernel(
     head = pid_bh % q_heads
     kv_head = head // group
 
-    if HAS_KV_LENS:
-        seq_len = tl.load(kv_lens_ptr + batch).to(tl.int32)
-    else:
-        seq_len = k_len
+    seq_len = _sequence_length(kv_lens_ptr, batch, k_len, HAS_KV_LENS)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
     offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
@@ -104,40 +147,17 @@ def _prefill_forward_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
     for start_n in range(0, full_end, BLOCK_N):
-        cols = start_n + offs_n
-        k = tl.load(k_base + cols[:, None] * stride_kt + offs_d[None, :])  # [BLOCK_N, HEAD_DIM]
-        v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :])  # [BLOCK_N, HEAD_DIM]
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
-
+        m_i, l_i, acc = _attend_key_block(
+            q, k_base, v_base, start_n + offs_n, offs_d, q_pos, seq_len, qk_scale, m_i, l_i, acc,
+            stride_kt, stride_vt,
+            MASKED=False, CAUSAL=CAUSAL, UPCAST=UPCAST, DOT_PRECISION=DOT_PRECISION,
+        )  # fmt: skip
     for start_n in range(full_end, stop, BLOCK_N):
-        cols = start_n + offs_n
-        col_valid = cols < seq_len
-        k = tl.load(k_base + cols[:, None] * stride_kt + offs_d[None, :], mask=col_valid[:, None], other=0.0)
-        v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :], mask=col_valid[:, None], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-        visible = col_valid[None, :]
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= q_pos[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _attend_key_block(
+            q, k_base, v_base, start_n + offs_n, offs_d, q_pos, seq_len, qk_scale, m_i, l_i, acc,
+            stride_kt, stride_vt,
+            MASKED=True, CAUSAL=CAUSAL, UPCAST=UPCAST, DOT_PRECISION=DOT_PRECISION,
+        )  # fmt: skip
 
     seen = l_i > 0.0
     inv_l = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)
@@ -195,10 +215,7 @@ def _prefill_scores_kernel(
     batch = pid_bh // kv_heads
     kv_head = pid_bh % kv_heads
 
-    if HAS_KV_LENS:
-        seq_len = tl.load(kv_lens_ptr + batch).to(tl.int32)
-    else:
-        seq_len = k_len
+    seq_len = _sequence_length(kv_lens_ptr, batch, k_len, HAS_KV_LENS)
 
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     offs_r = tl.arange(0, BLOCK_M)  # [BLOCK_M]

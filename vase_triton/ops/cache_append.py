@@ -15,6 +15,7 @@ from vase_triton.backend import use_triton
 from vase_triton.config import VALUE_STATS
 from vase_triton.validation import (
     FLOAT_DTYPES,
+    check_exact,
     check_float_dtype,
     check_rank,
     check_same_device,
@@ -56,14 +57,6 @@ def _append_fake(keys, values, magnitudes, positions, lengths, next_positions, n
     return None
 
 
-def _check_exact(name: str, tensor: torch.Tensor, dtype: torch.dtype, shape: tuple, layout: str) -> None:
-    check_rank(name, tensor, len(shape), layout)
-    if tuple(tensor.shape) != shape:
-        raise ValueError(f"{name}: expected shape {layout} = {list(shape)}; got {list(tensor.shape)}")
-    if tensor.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {dtype}; got {tensor.dtype}")
-
-
 def append_(
     keys: torch.Tensor,
     values: torch.Tensor,
@@ -97,11 +90,11 @@ def append_(
     check_rank("keys", keys, 4, "[B, Hkv, C, D]")
     check_float_dtype("keys", keys, _CACHE_DTYPES)
     batch, kv_heads, capacity, head_dim = keys.shape
-    _check_exact("values", values, keys.dtype, tuple(keys.shape), "[B, Hkv, C, D]")
-    _check_exact("magnitudes", magnitudes, torch.float32, (batch, kv_heads, capacity), "[B, Hkv, C]")
-    _check_exact("positions", positions, torch.int32, (batch, kv_heads, capacity), "[B, Hkv, C]")
-    _check_exact("lengths", lengths, torch.int32, (batch,), "[B]")
-    _check_exact("next_positions", next_positions, torch.int32, (batch,), "[B]")
+    check_exact("values", values, keys.shape, keys.dtype, "[B, Hkv, C, D]")
+    check_exact("magnitudes", magnitudes, (batch, kv_heads, capacity), torch.float32, "[B, Hkv, C]")
+    check_exact("positions", positions, (batch, kv_heads, capacity), torch.int32, "[B, Hkv, C]")
+    check_exact("lengths", lengths, (batch,), torch.int32, "[B]")
+    check_exact("next_positions", next_positions, (batch,), torch.int32, "[B]")
     check_rank("new_keys", new_keys, 4, "[B, Hkv, T_new, D]")
     check_rank("new_values", new_values, 4, "[B, Hkv, T_new, D]")
     check_same_dtype(("keys", "new_keys", "new_values"), (keys, new_keys, new_values))

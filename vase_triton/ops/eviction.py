@@ -16,6 +16,7 @@ import torch
 from vase_triton import reference
 from vase_triton.backend import use_triton
 from vase_triton.validation import (
+    check_exact,
     check_float_dtype,
     check_head_dim,
     check_rank,
@@ -79,15 +80,6 @@ def _check_int(name: str, value: object, low: int, high: int) -> int:
     if not low <= value <= high:
         raise ValueError(f"{name}: expected {low} <= {name} <= {high}; got {value}")
     return value
-
-
-def _check_row_tensor(name: str, tensor: object, shape: tuple[int, int, int], dtype: torch.dtype) -> None:
-    check_rank(name, check_tensor(name, tensor), 3, "[B, Hkv, N]")
-    if tuple(tensor.shape) != shape:
-        raise ValueError(f"{name}: expected shape [B, Hkv, N] = {list(shape)}; got {list(tensor.shape)}")
-    if tensor.dtype != dtype:
-        expected, got = (str(d).replace("torch.", "") for d in (dtype, tensor.dtype))
-        raise TypeError(f"{name}: expected dtype {expected}; got {got}")
 
 
 def evict_(
@@ -156,12 +148,12 @@ def evict_(
     check_head_dim("keys", keys.shape[-1])
     batch, kv_heads, num_slots, _ = keys.shape
     rows = (batch, kv_heads, num_slots)
-    _check_row_tensor("scores", scores, rows, torch.float32)
-    _check_row_tensor("magnitudes", magnitudes, rows, torch.float32)
-    _check_row_tensor("positions", positions, rows, torch.int32)
-    _check_row_tensor("importance", importance, rows, torch.float32)
+    check_exact("scores", scores, rows, torch.float32, "[B, Hkv, N]")
+    check_exact("magnitudes", magnitudes, rows, torch.float32, "[B, Hkv, N]")
+    check_exact("positions", positions, rows, torch.int32, "[B, Hkv, N]")
+    check_exact("importance", importance, rows, torch.float32, "[B, Hkv, N]")
     if noise is not None:
-        _check_row_tensor("noise", noise, rows, torch.float32)
+        check_exact("noise", noise, rows, torch.float32, "[B, Hkv, N]")
     check_same_device(names, tensors)
 
     if num_slots < 2:
@@ -181,11 +173,7 @@ def evict_(
     if not isinstance(keep_scores, bool):
         raise TypeError(f"keep_scores: expected a bool; got {type(keep_scores).__name__}")
     # Shape and dtype only: checking the values would read them back to the host.
-    check_rank("lengths", lengths, 1, "[B]")
-    if lengths.shape[0] != batch:
-        raise ValueError(f"lengths: expected shape [B] = [{batch}]; got {list(lengths.shape)}")
-    if lengths.dtype != torch.int32:
-        raise TypeError(f"lengths: expected dtype int32; got {str(lengths.dtype).replace('torch.', '')}")
+    check_exact("lengths", lengths, (batch,), torch.int32, "[B]")
 
     _evict_op(
         keys, values, scores, magnitudes, positions, lengths, importance, noise,
