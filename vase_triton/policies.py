@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from vase_triton.config import VaSEConfig
-from vase_triton.reference import eviction_generator_seed
+from vase_triton.seeding import eviction_generator_seed
 
 PolicyImportance = Callable[..., torch.Tensor]
 

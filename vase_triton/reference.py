@@ -15,6 +15,8 @@ from typing import Optional
 
 import torch
 
+from vase_triton.seeding import eviction_generator_seed
+
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -220,18 +222,6 @@ def append_(
 # float32 and the largest float32 below 1) so that the Gumbel transform stays finite.
 GUMBEL_UNIFORM_MIN = 1.1754943508222875e-38
 GUMBEL_UNIFORM_MAX = 1.0 - 2.0**-24
-
-
-def eviction_generator_seed(seed: int, eviction_index: int) -> int:
-    """A 64-bit generator seed mixing `(seed, eviction_index)` (splitmix64).
-
-    Mixed rather than concatenated because the CPU generator keeps only the low 32 bits.
-    """
-    mask = 2**64 - 1
-    z = ((seed << 32) + eviction_index + 0x9E3779B97F4A7C15) & mask
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-    return z ^ (z >> 31)
 
 
 def eviction_uniforms(shape: tuple[int, ...], device: torch.device, *, seed: int, eviction_index: int) -> torch.Tensor:
