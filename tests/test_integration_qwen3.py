@@ -86,11 +86,13 @@ def test_long_generation_with_eviction_stays_within_capacity_and_unpatch_restore
     vase_triton.patch_qwen3(model, config)
     cache = VaSECache.for_model(model, config, batch_size=2)
     watcher = CacheWatcher(cache)
+    pointers = [buffer.data_ptr() for store in cache.stores for buffer in store.buffers()]
     out = model.generate(
         **inputs, max_new_tokens=2000, min_new_tokens=2000, do_sample=False, cache=cache, stopping_criteria=[watcher]
     )
     assert out.shape[1] == inputs["input_ids"].shape[1] + 2000
     assert watcher.max_length <= config.capacity
+    assert pointers == [buffer.data_ptr() for store in cache.stores for buffer in store.buffers()]
     assert cache.n_evictions >= (2000 - config.capacity) // config.window
     for store in cache.stores:
         assert torch.isfinite(store.keys[:, :, : config.budget]).all()
@@ -155,7 +157,8 @@ def test_compiled_decode_step_has_no_graph_break_and_matches_eager(model, tokeni
     vase_triton.patch_qwen3(eager_model, config)
     eager = eager_model.generate(**inputs, max_new_tokens=12, do_sample=False)
     vase_triton.patch_qwen3(model, config, compile_mode="default")
-    compiled = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    with torch._dynamo.config.patch(error_on_recompile=True):  # one graph serves every decode step
+        compiled = model.generate(**inputs, max_new_tokens=12, do_sample=False)
     assert torch.equal(compiled, eager)
 
 
@@ -224,3 +227,28 @@ def test_distill_architectures(model_class, config_class, patch, tokenizer):
     torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
     with pytest.raises(TypeError, match="qwen3"):
         vase_triton.patch_qwen3(model_class(_tiny_config(config_class)))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="host-device synchronisation is only observable on CUDA")
+def test_decode_step_never_synchronises_with_the_host(tokenizer):
+    model = tiny_qwen3(seed=1, device="cuda", dtype=torch.bfloat16)
+    config = VaSEConfig(budget=20, window=4)
+    vase_triton.patch_qwen3(model, config)
+    inputs = {name: tensor.cuda() for name, tensor in tokenizer(PROMPTS[0]).items()}
+    prompt_len = inputs["input_ids"].shape[1]
+    cache = VaSECache.for_model(model, config, batch_size=1)
+    token = torch.tensor([[7]], device="cuda")
+    with torch.no_grad():
+        model(**inputs, cache=cache)
+        for step in range(3 * config.window):
+            position = torch.tensor([[prompt_len + step]], device="cuda")
+            torch.cuda.set_sync_debug_mode("error")  # evictions included: begin_step runs them
+            try:
+                cache.begin_step(1)
+                forward = type(model).forward.__get__(model)
+                forward(input_ids=token, position_ids=position, use_cache=True, vase_cache=cache,
+                        **{model._vase_patch_state.cache_kwarg: cache})
+                cache.end_step(1)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    assert cache.n_evictions > 0

@@ -347,10 +347,13 @@ class VaSECacheLayer:
         self.length_bound = 0
         self.n_evictions = 0
 
+    def buffers(self) -> tuple[torch.Tensor, ...]:
+        """Every static buffer of the layer."""
+        return (
+            self.keys, self.values, self.scores, self.magnitudes, self.positions, self.lengths, self.next_positions,
+        )
+
     @property
     def memory_bytes(self) -> int:
         """Bytes held by all buffers."""
-        buffers = (
-            self.keys, self.values, self.scores, self.magnitudes, self.positions, self.lengths, self.next_positions,
-        )
-        return sum(buffer.numel() * buffer.element_size() for buffer in buffers)
+        return sum(buffer.numel() * buffer.element_size() for buffer in self.buffers())

@@ -117,6 +117,11 @@ class VaSECache(Cache):
             for index in range(num_layers)
         ]
         super().__init__(layers=[_PassThroughLayer(self, store) for store in self.stores])
+        if self.stores[0].device.type == "cuda":
+            # Fixed data pointers let compiled decode steps run under CUDA graphs without copies.
+            for store in self.stores:
+                for buffer in store.buffers():
+                    torch._dynamo.mark_static_address(buffer)
         self.num_sequences = batch_size
         self.seen_tokens = 0
         self.in_prefill = False

@@ -157,6 +157,9 @@ def _patched_forward(self, *args, **kwargs):
     num_new_tokens = _num_new_tokens(args, kwargs)
     cache.begin_step(num_new_tokens, kwargs.get("attention_mask"))
     kwargs["vase_cache"] = cache
+    if not cache.in_prefill:
+        # The cache tracks padding itself; the growing 2D mask would only change input shapes.
+        kwargs.pop("attention_mask", None)
     run = state.compiled_forward if state.compiled_forward is not None and not cache.in_prefill else original
     output = run(*args, **kwargs)
     cache.end_step(num_new_tokens)
