@@ -58,8 +58,9 @@ def test_help(argv, capsys):
 def test_bad_arguments_exit_non_zero(argv, fragment, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
-    assert exit_info.value.code != 0
-    assert fragment in capsys.readouterr().err
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("vase-triton: error:") and fragment in err and len(err.splitlines()) == 1
 
 
 def test_invalid_config_and_missing_model_are_one_line_errors(tmp_path, capsys):

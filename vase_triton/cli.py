@@ -47,8 +47,15 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """Argument errors print one line (`vase-triton: error: ...`) and exit with status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"vase-triton: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrorParser(
         prog="vase-triton",
         description="Run reasoning models with a fixed-size VaSE KV cache.",
     )
