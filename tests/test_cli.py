@@ -23,6 +23,36 @@ def test_generate_on_builtin_default_reports_summary(capsys, monkeypatch):
     assert "static cache vs" in out
 
 
+@pytest.fixture
+def saved_model_dir(tmp_path):
+    """A tiny Qwen3 and a character-level fast tokenizer saved as a local model directory."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from vase_triton.demo_model import tiny_qwen3
+
+    specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
+    vocab = {token: index for index, token in enumerate(specials + [chr(c) for c in range(32, 127)])}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    ).save_pretrained(tmp_path)
+    tiny_qwen3(seed=3).save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_generate_with_a_local_model_directory(saved_model_dir, capsys, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    argv = ["generate", "--model", str(saved_model_dir), "--max-new-tokens", "40", "--budget", "24", "--window", "8"]
+    assert main(argv + ["--prompt", "A prompt long enough to be compressed at prefill, twice over."]) == 0
+    out = capsys.readouterr().out
+    assert f"model:            {saved_model_dir}" in out
+    assert "prompt tokens:    61" in out
+    assert int(out.split("evictions:")[1].split()[0]) > 0
+
+
 def test_first_run_path_as_module_in_a_fresh_process():
     env = dict(os.environ, VASE_BACKEND="torch")
     env.pop("TRITON_INTERPRET", None)

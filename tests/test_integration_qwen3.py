@@ -131,6 +131,16 @@ def test_sampling_and_num_return_sequences(model, tokenizer, monkeypatch):
     assert out.shape == (4, inputs["input_ids"].shape[1] + 30)
 
 
+def test_prompt_given_as_embeddings(model, tokenizer, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    inputs = tokenizer(PROMPTS[0])
+    embeds = model.get_input_embeddings()(inputs["input_ids"])
+    kwargs = dict(inputs_embeds=embeds, attention_mask=inputs["attention_mask"], max_new_tokens=8, do_sample=False)
+    reference = model.generate(**kwargs)
+    vase_triton.patch_qwen3(model, budget=256, window=16)
+    assert torch.equal(model.generate(**kwargs), reference)
+
+
 def test_compiled_decode_step_has_no_graph_break_and_matches_eager(model, tokenizer):
     config = VaSEConfig(budget=20, window=4)
     vase_triton.patch_qwen3(model, config)

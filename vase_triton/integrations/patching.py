@@ -191,7 +191,9 @@ def _patched_generate(self, *args, **kwargs):
     elif cache is None and kwargs.get("use_cache", True):
         inputs = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
         if inputs is None:
-            raise ValueError("input_ids: a patched generate needs input_ids to size its VaSECache")
+            inputs = kwargs.get("inputs_embeds")
+        if inputs is None:
+            raise ValueError("input_ids: a patched generate needs input_ids or inputs_embeds to size its VaSECache")
         num_return_sequences = _generation_setting(self, kwargs, "num_return_sequences") or 1
         max_new_tokens = _generation_setting(self, kwargs, "max_new_tokens")
         if max_new_tokens is None:
