@@ -199,6 +199,10 @@ def test_refusals_are_clear(model, tokenizer):
         model.generate(**inputs, max_new_tokens=4, do_sample=False, cache=cache)
     cache.reset()
     model.generate(**inputs, max_new_tokens=4, do_sample=False, cache=cache)
+    with pytest.raises(NotImplementedError, match="beam search"):
+        cache.reorder_cache(torch.tensor([0]))
+    with pytest.raises(NotImplementedError, match="cropped"):
+        cache.crop(2)
     with pytest.raises(TypeError, match="model_type"):
         vase_triton.patch_qwen3(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="budget"):

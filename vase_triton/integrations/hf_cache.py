@@ -65,7 +65,7 @@ class _PassThroughLayer(CacheLayerMixin):
             "VaSECache does not support beam search (each row evicts different tokens); use num_beams=1"
         )
 
-    def crop(self, max_length: int) -> None:
+    def crop(self, *args, **kwargs) -> None:
         raise NotImplementedError("VaSECache cannot be cropped: evicted tokens are gone")
 
 
@@ -245,14 +245,6 @@ class VaSECache(Cache):
         self.seen_tokens = 0
         self.in_prefill = False
         self.prefill_valid_lengths = None
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        raise NotImplementedError(
-            "VaSECache does not support beam search (each row evicts different tokens); use num_beams=1"
-        )
-
-    def crop(self, max_length: int) -> None:
-        raise NotImplementedError("VaSECache cannot be cropped: evicted tokens are gone")
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen_tokens
