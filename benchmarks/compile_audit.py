@@ -1,0 +1,374 @@
+"""Compile-only resource audit of the Triton kernels for H100/H200 (sm_90), no GPU needed.
+
+    python benchmarks/compile_audit.py
+
+Each public launcher runs on `meta` tensors at the Qwen3-8B production shapes with its
+kernels swapped for recorders, so the audit sees exactly the arguments, constexprs,
+`num_warps` and `num_stages` the launcher chooses. Every recorded launch is then
+specialised the way Triton's JIT does it (pointers and multiples of 16 marked 16-byte
+divisible, integers equal to 1 folded into constants) and compiled ahead of time for
+`cuda:90`; registers and spills are read from the `ptxas -v` log of that compilation.
+Eviction at prefill (`N = T` slots) compiles to the same kernels as at `C = 4160`: the
+selection tile is `next_power_of_2(N)` = 8192 either way and `N` is a runtime size.
+
+Prints a markdown table: shared memory per block (limit 227 KiB on H100/H200),
+registers per thread, spill stores/loads, warps and stages. Exits 0 with a message when
+the NVIDIA backend or `ptxas` is unavailable; exits 1 when a kernel exceeds shared
+memory or registers, or spills more than `SPILL_LIMIT_BYTES`.
+"""
+
+from __future__ import annotations
+
+import os
+
+# The launchers pick the interpreter's tile sizes while TRITON_INTERPRET is set.
+os.environ.pop("TRITON_INTERPRET", None)
+# Compile every configuration (no cache hits) and print ptxas's resource log; keep FP fusion on,
+# the default of the Triton releases the library runs on.
+os.environ["TRITON_ALWAYS_COMPILE"] = "1"
+os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
+import contextlib  # noqa: E402
+import dataclasses  # noqa: E402
+import io  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Callable, Iterator, Optional  # noqa: E402
+from unittest import mock  # noqa: E402
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vase_triton.kernels import cache_append, decode_attention, eviction, prefill_attention  # noqa: E402
+
+CAPABILITY = 90
+SHARED_LIMIT_BYTES = 227 * 1024
+REGISTER_LIMIT = 255
+SPILL_LIMIT_BYTES = 256
+# H100 SXM / H200: streaming multiprocessors, for the decode launcher's split count.
+MULTIPROCESSORS = 132
+
+# Qwen3-8B: 32 query heads, 8 KV heads; budget 4096 + window 64 = 4160 cache slots.
+PREFILL_TOKENS = 8192
+Q_HEADS = 32
+KV_HEADS = 8
+SCORE_WINDOW = 64
+DECODE_BATCH = 16
+CAPACITY = 4160
+BUDGET = 4096
+WINDOW = 64
+N_SINK = 4
+DTYPES = (torch.bfloat16, torch.float16)
+ATTENTION_HEAD_DIMS = (64, 128, 256)
+CACHE_HEAD_DIMS = (64, 128)
+
+_TRITON_DTYPES = {
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float32: "fp32",
+    torch.float64: "fp64",
+    torch.int8: "i8",
+    torch.int32: "i32",
+    torch.int64: "i64",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One kernel launch recorded from a launcher."""
+
+    kernel: triton.runtime.JITFunction
+    args: tuple
+    kwargs: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Audit:
+    """Resources of one compiled kernel."""
+
+    kernel: str
+    case: str
+    blocks: str
+    num_warps: int
+    num_stages: int
+    shared_bytes: int
+    registers: Optional[int]
+    spill_stores: Optional[int]
+    spill_loads: Optional[int]
+
+    def problems(self) -> list[str]:
+        found = []
+        if self.shared_bytes > SHARED_LIMIT_BYTES:
+            found.append("shared memory over 227 KiB")
+        if self.registers is not None and self.registers > REGISTER_LIMIT:
+            found.append("registers over 255")
+        if max(self.spill_stores or 0, self.spill_loads or 0) > SPILL_LIMIT_BYTES:
+            found.append(f"spills over {SPILL_LIMIT_BYTES} B")
+        return found
+
+
+class _Recorder:
+    """Stands in for a `@triton.jit` kernel: `kernel[grid](...)` records the launch."""
+
+    def __init__(self, kernel: triton.runtime.JITFunction, launches: list[Launch]):
+        self._kernel = kernel
+        self._launches = launches
+
+    def __getitem__(self, grid) -> Callable[..., None]:
+        def launch(*args, **kwargs) -> None:
+            self._launches.append(Launch(self._kernel, args, kwargs))
+
+        return launch
+
+
+@contextlib.contextmanager
+def recorded(module, *names: str) -> Iterator[list[Launch]]:
+    """Replace kernels `names` of `module` by recorders for the duration of the block."""
+    launches: list[Launch] = []
+    with contextlib.ExitStack() as stack:
+        for name in names:
+            stack.enter_context(mock.patch.object(module, name, _Recorder(getattr(module, name), launches)))
+        yield launches
+
+
+def _meta(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return _TRITON_DTYPES[dtype]
+
+
+def prefill_launches(dtype: torch.dtype, head_dim: int, ragged: bool) -> list[Launch]:
+    """Causal prefill of `[B, 32, 8192, D]` prompts with window scores; `ragged`: B=2 with `kv_lens`."""
+    batch = 2 if ragged else 1
+    q = _meta(batch, Q_HEADS, PREFILL_TOKENS, head_dim, dtype=dtype)
+    k = _meta(batch, KV_HEADS, PREFILL_TOKENS, head_dim, dtype=dtype)
+    v = _meta(batch, KV_HEADS, PREFILL_TOKENS, head_dim, dtype=dtype)
+    kv_lens = _meta(batch, dtype=torch.int32) if ragged else None
+    with recorded(prefill_attention, "_prefill_forward_kernel", "_prefill_scores_kernel") as launches:
+        prefill_attention.prefill_attention_triton(q, k, v, kv_lens, head_dim**-0.5, True, SCORE_WINDOW)
+    return launches
+
+
+def _production_splits(head_dim: int, dtype: torch.dtype) -> int:
+    """The decode launcher's split count on a CUDA device with `MULTIPROCESSORS` SMs."""
+    with mock.patch.object(decode_attention, "_multiprocessor_count", lambda index: MULTIPROCESSORS):
+        block_n = decode_attention._decode_config(head_dim, dtype).block_n
+        return decode_attention._num_splits(DECODE_BATCH, KV_HEADS, CAPACITY, block_n, torch.device("cuda", 0))
+
+
+def decode_launches(dtype: torch.dtype, head_dim: int, emit_scores: bool) -> list[Launch]:
+    """One decode step of 16 sequences over a 4160-slot cache."""
+    q = _meta(DECODE_BATCH, Q_HEADS, 1, head_dim, dtype=dtype)
+    k_cache = _meta(DECODE_BATCH, KV_HEADS, CAPACITY, head_dim, dtype=dtype)
+    v_cache = _meta(DECODE_BATCH, KV_HEADS, CAPACITY, head_dim, dtype=dtype)
+    cache_lens = _meta(DECODE_BATCH, dtype=torch.int32)
+    scores = _meta(DECODE_BATCH, KV_HEADS, CAPACITY, dtype=torch.float32) if emit_scores else None
+    splits = _production_splits(head_dim, dtype)
+    with recorded(decode_attention, "_decode_partial_kernel", "_decode_combine_kernel") as launches:
+        decode_attention.decode_attention_triton(
+            q, k_cache, v_cache, cache_lens, head_dim**-0.5, scores, num_splits=splits
+        )
+    return launches
+
+
+def eviction_launches(dtype: torch.dtype, head_dim: int, stochastic: bool, keep_scores: bool) -> list[Launch]:
+    """One `vase` eviction of 16 x 8 rows of 4160 slots down to budget 4096."""
+    slots = (DECODE_BATCH, KV_HEADS, CAPACITY)
+    keys = _meta(*slots, head_dim, dtype=dtype)
+    values = _meta(*slots, head_dim, dtype=dtype)
+    scores = _meta(*slots, dtype=torch.float32)
+    magnitudes = _meta(*slots, dtype=torch.float32)
+    positions = _meta(*slots, dtype=torch.int32)
+    lengths = _meta(DECODE_BATCH, dtype=torch.int32)
+    importance = _meta(*slots, dtype=torch.float32)
+    with recorded(eviction, "_evict_select_kernel", "_evict_compact_kernel") as launches:
+        eviction.evict_triton(
+            keys, values, scores, magnitudes, positions, lengths, importance,
+            BUDGET, WINDOW, N_SINK, BUDGET // 4, 1.0 if stochastic else 0.0, 0, 0,
+            keep_scores, CAPACITY, None,
+        )  # fmt: skip
+    return launches
+
+
+def append_launches(dtype: torch.dtype, head_dim: int, new_tokens: int) -> list[Launch]:
+    """Append `new_tokens` tokens per sequence to a `[16, 8, C, D]` cache (`range` statistic)."""
+    capacity = max(CAPACITY, new_tokens)
+    keys = _meta(DECODE_BATCH, KV_HEADS, capacity, head_dim, dtype=dtype)
+    values = _meta(DECODE_BATCH, KV_HEADS, capacity, head_dim, dtype=dtype)
+    magnitudes = _meta(DECODE_BATCH, KV_HEADS, capacity, dtype=torch.float32)
+    positions = _meta(DECODE_BATCH, KV_HEADS, capacity, dtype=torch.int32)
+    counters = [_meta(DECODE_BATCH, dtype=torch.int32) for _ in range(2)]
+    new_keys = _meta(DECODE_BATCH, KV_HEADS, new_tokens, head_dim, dtype=dtype)
+    new_values = _meta(DECODE_BATCH, KV_HEADS, new_tokens, head_dim, dtype=dtype)
+    with recorded(cache_append, "_cache_append_kernel") as launches:
+        cache_append.cache_append_triton(
+            keys, values, magnitudes, positions, *counters, new_keys, new_values, "range"
+        )
+    return launches
+
+
+def specialise(launch: Launch) -> tuple[dict, dict, dict]:
+    """(signature, constexprs, attrs) of a launch, specialised as Triton's JIT would."""
+    kernel = launch.kernel
+    values = dict(zip(kernel.arg_names, launch.args))
+    values.update({name: value for name, value in launch.kwargs.items() if name in kernel.arg_names})
+    signature, constexprs, attrs = {}, {}, {}
+    for index, (name, param) in enumerate(zip(kernel.arg_names, kernel.params)):
+        value = values[name]
+        divisible = [["tt.divisibility", 16]]
+        if param.is_constexpr or (type(value) is int and value == 1):
+            signature[name] = "constexpr"
+            constexprs[name] = value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + _dtype_name(value.dtype)
+            attrs[(index,)] = divisible
+        elif isinstance(value, bool):
+            signature[name] = "u1"
+        elif isinstance(value, int):
+            signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+            if value % 16 == 0:
+                attrs[(index,)] = divisible
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            raise TypeError(f"{kernel.__name__}.{name}: unexpected argument {value!r}")
+    return signature, constexprs, attrs
+
+
+def nvidia_backend_available() -> bool:
+    """Whether Triton's NVIDIA backend and the ptxas it uses for sm_90 are installed."""
+    try:
+        from triton.backends.nvidia import compiler as nvidia
+
+        path = nvidia.get_ptxas(CAPABILITY).path
+    except (ImportError, AttributeError, RuntimeError, TypeError):
+        return False
+    return path is not None and os.access(path, os.X_OK)
+
+
+def ptxas_usage(log: str) -> tuple[Optional[int], Optional[int], Optional[int]]:
+    """(registers, spill store bytes, spill load bytes) from a `ptxas -v` log; None where absent."""
+    registers = re.search(r"Used (\d+) registers", log)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    return (
+        int(registers.group(1)) if registers else None,
+        int(spills.group(1)) if spills else None,
+        int(spills.group(2)) if spills else None,
+    )
+
+
+_BLOCK_NAMES = ("BLOCK_M", "BLOCK_N", "BLOCK_G", "BLOCK_S", "BLOCK_R", "BLOCK_D", "BLOCK_H")
+
+
+def audit(launch: Launch, case: str) -> Audit:
+    """Compile one recorded launch for sm_90 and read its resources."""
+    signature, constexprs, attrs = specialise(launch)
+    options = {
+        "num_warps": launch.kwargs.get("num_warps", 4),
+        "num_stages": launch.kwargs.get("num_stages", 3),
+    }
+    source = triton.compiler.ASTSource(fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        compiled = triton.compile(
+            source, target=triton.backends.compiler.GPUTarget("cuda", CAPABILITY, 32), options=options
+        )
+    registers, spill_stores, spill_loads = ptxas_usage(log.getvalue())
+    blocks = " ".join(f"{name[6:]}{constexprs[name]}" for name in _BLOCK_NAMES if name in constexprs)
+    return Audit(
+        kernel=launch.kernel.__name__,
+        case=case,
+        blocks=blocks,
+        num_warps=compiled.metadata.num_warps,
+        num_stages=compiled.metadata.num_stages,
+        shared_bytes=compiled.metadata.shared,
+        registers=registers,
+        spill_stores=spill_stores,
+        spill_loads=spill_loads,
+    )
+
+
+def cases() -> Iterator[tuple[str, list[Launch]]]:
+    """(description, launches) of every production configuration audited."""
+    for dtype in DTYPES:
+        name = _dtype_name(dtype)
+        for head_dim in ATTENTION_HEAD_DIMS:
+            for ragged in (False, True):
+                yield (
+                    f"prefill B{2 if ragged else 1} T{PREFILL_TOKENS} Hq{Q_HEADS} Hkv{KV_HEADS} W{SCORE_WINDOW} "
+                    f"D{head_dim} {name}{' kv_lens' if ragged else ''}",
+                    prefill_launches(dtype, head_dim, ragged),
+                )
+        for head_dim in ATTENTION_HEAD_DIMS:
+            for emit in (True, False):
+                yield (
+                    f"decode B{DECODE_BATCH} C{CAPACITY} D{head_dim} {name} scores={'on' if emit else 'off'}",
+                    decode_launches(dtype, head_dim, emit),
+                )
+        for head_dim in CACHE_HEAD_DIMS:
+            for stochastic, keep_scores in ((True, False), (False, True)):
+                yield (
+                    f"evict B{DECODE_BATCH} Hkv{KV_HEADS} C{CAPACITY} D{head_dim} {name} "
+                    f"{'gumbel' if stochastic else 'top-k'} keep_scores={keep_scores}",
+                    eviction_launches(dtype, head_dim, stochastic, keep_scores),
+                )
+        for head_dim in CACHE_HEAD_DIMS:
+            for new_tokens in (1, PREFILL_TOKENS):
+                yield f"append B{DECODE_BATCH} Hkv{KV_HEADS} T{new_tokens} D{head_dim} {name}", (
+                    append_launches(dtype, head_dim, new_tokens)
+                )
+
+
+def _optional(value: Optional[int]) -> str:
+    return "n/a" if value is None else str(value)
+
+
+def render(rows: list[Audit]) -> str:
+    lines = [
+        "| kernel | case | blocks | warps | stages | shared (B) | regs | spill st/ld (B) | status |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        status = "; ".join(row.problems()) or "ok"
+        lines.append(
+            f"| {row.kernel} | {row.case} | {row.blocks} | {row.num_warps} | {row.num_stages} | "
+            f"{row.shared_bytes} | {_optional(row.registers)} | "
+            f"{_optional(row.spill_stores)}/{_optional(row.spill_loads)} | {status} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    if not nvidia_backend_available():
+        print("compile audit skipped: Triton's NVIDIA backend or its ptxas is not available on this machine")
+        return 0
+    compiled: dict[str, Audit] = {}
+    rows = []
+    for case, launches in cases():
+        for launch in launches:
+            key = repr((launch.kernel.__name__, specialise(launch), launch.kwargs.get("num_warps"),
+                        launch.kwargs.get("num_stages")))  # fmt: skip
+            if key not in compiled:
+                compiled[key] = audit(launch, case)
+            rows.append(dataclasses.replace(compiled[key], case=case))
+    print(f"## Triton {triton.__version__} kernels compiled for sm_{CAPABILITY}a\n")
+    print(render(rows))
+    failed = [row for row in rows if row.problems()]
+    if failed:
+        print(f"\n{len(failed)} kernel configuration(s) exceed the H100/H200 limits")
+        return 1
+    print(
+        f"\nall {len(rows)} launches fit: shared <= {SHARED_LIMIT_BYTES} B, registers <= {REGISTER_LIMIT}, "
+        f"spills <= {SPILL_LIMIT_BYTES} B"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
