@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/gpu_check.sh [OUT_DIR]     # OUT_DIR defaults to $OUT, else benchmarks/results
 #
-# Needs torch, triton, transformers, pytest, pytest-benchmark, hypothesis and scipy
+# Needs torch, triton, transformers, pytest and pytest-benchmark
 # installed; the repository is used in place (no install, no network).
 set -uo pipefail
 cd "$(dirname "$0")/.."
