@@ -187,3 +187,27 @@ def test_public_op_runs_the_kernel(device):
     out = vase_triton.ops.decode_attention(q, k, v, cache_lens, scores=scores_op)
     expected = decode_attention_triton(q, k, v, cache_lens, scale, scores_kernel)
     assert torch.equal(out, expected) and torch.equal(scores_op, scores_kernel)
+
+
+def test_preallocated_workspace_is_used_and_gives_the_same_result(device):
+    """A NaN-poisoned workspace from `decode_workspace` is overwritten, not read, and reused as is."""
+    from vase_triton.kernels.decode_attention import decode_workspace
+
+    case = CASES[3]
+    q, k, v, cache_lens = make_inputs(case, device, seed=6)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    scores_alloc = initial_scores(case, device, case.cache_lens)
+    scores_given = scores_alloc.clone()
+    workspace = decode_workspace(case.q_heads, k, case.dtype, emit_scores=True)
+    for scratch in workspace:
+        scratch.fill_(float("nan"))
+    pointers = [scratch.data_ptr() for scratch in workspace]
+    expected = decode_attention_triton(q, k, v, cache_lens, scale, scores_alloc)
+    actual = decode_attention_triton(q, k, v, cache_lens, scale, scores_given, workspace=workspace)
+    assert torch.equal(actual, expected) and torch.equal(scores_given, scores_alloc)
+    assert [scratch.data_ptr() for scratch in workspace] == pointers
+    assert not torch.isnan(workspace.part_lse).all()
+
+    wrong = workspace._replace(part_lse=workspace.part_lse[:, :, :0])
+    with pytest.raises(ValueError, match="workspace.part_lse"):
+        decode_attention_triton(q, k, v, cache_lens, scale, scores_given, workspace=wrong)

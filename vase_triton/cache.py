@@ -22,6 +22,7 @@ import torch
 
 from vase_triton.config import ATTENTION_SCORED_POLICIES, VaSEConfig
 from vase_triton.ops import append_, evict_, prefill_attention
+from vase_triton.ops.attention import decode_workspace
 from vase_triton.policies import policy_importance
 from vase_triton.validation import FLOAT_DTYPES, check_head_dim, check_lengths, check_rank
 
@@ -97,6 +98,8 @@ class VaSECacheLayer:
         self.length_bound = 0
         self.n_evictions = 0
         self._scored = config.policy in ATTENTION_SCORED_POLICIES
+        # Split-K scratch of the decode attention, sized for the query heads on first use.
+        self._decode_workspace: tuple[torch.Tensor, ...] = ()
 
     # ----------------------------------------------------------------------------- checks
 
@@ -133,6 +136,14 @@ class VaSECacheLayer:
             raise ValueError(f"scale: expected a finite positive float; got {scale!r}")
         return key.shape[2]
 
+    def _prepare_decode_workspace(self, q_heads: int) -> None:
+        """Allocate (eagerly, once per head count) the scratch `decode_step` hands to the kernel."""
+        if not self._decode_workspace or self._decode_workspace[0].shape[1] != q_heads:
+            self._decode_workspace = decode_workspace(q_heads, self.keys, self.dtype, emit_scores=self._scored)
+            if self.device.type == "cuda":
+                for scratch in self._decode_workspace:
+                    torch._dynamo.mark_static_address(scratch)
+
     # ----------------------------------------------------------------------------- prefill
 
     def prefill(
@@ -156,6 +167,7 @@ class VaSECacheLayer:
             `[B, Hq, T, D]` attention output; zeros for pad queries.
         """
         prompt_len = self._check_inputs(query, key, value, scale)
+        self._prepare_decode_workspace(query.shape[1])
         if self.length_bound != 0:
             raise ValueError(
                 f"prefill: expected an empty layer (call reset() first); got one holding up to "
@@ -274,7 +286,9 @@ class VaSECacheLayer:
                 self.scores.zero_()
             scores = self.scores
         # The registered op itself: the public wrapper's value checks would read lengths on the host.
-        return torch.ops.vase_triton.decode_attention(query, self.keys, self.values, self.lengths, scale, scores)
+        return torch.ops.vase_triton.decode_attention(
+            query, self.keys, self.values, self.lengths, scale, scores, *self._decode_workspace
+        )
 
     def decode(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, scale: float) -> torch.Tensor:
         """Eager decode: validate, `decode_step`, advance `length_bound`, evict when full.
@@ -293,6 +307,7 @@ class VaSECacheLayer:
                 f"key: cannot append past capacity = {self.capacity} without eviction (policy "
                 f"{self.config.policy!r} never evicts); the layer may already hold {self.length_bound} tokens"
             )
+        self._prepare_decode_workspace(query.shape[1])
         out = self.decode_step(query, key, value, scale=scale)
         self.length_bound += 1
         if self.length_bound == self.capacity and self.config.evicts:

@@ -241,6 +241,50 @@ def _num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, device: 
     return max(1, min(triton.cdiv(target, batch * kv_heads), key_blocks, _MAX_SPLITS))
 
 
+class DecodeWorkspace(NamedTuple):
+    """Scratch of one decode call, reusable across steps of the same shape.
+
+    part_out: `[B, Hq, S, D]` fp32 partial outputs; part_lse: `[B, Hq, S]` fp32 partial
+    log-sum-exps; logits: `[B, Hq, C]` fp32 scaled logits (`[B, Hq, 0]` without scores).
+    """
+
+    part_out: torch.Tensor
+    part_lse: torch.Tensor
+    logits: torch.Tensor
+
+
+def _split_plan(
+    batch: int, kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+    num_splits: Optional[int],
+) -> tuple[_Config, int, int]:
+    """Kernel config, slots per split (`chunk`) and the number of non-empty splits."""
+    cfg = _decode_config(head_dim, dtype)
+    if num_splits is None:
+        num_splits = _num_splits(batch, kv_heads, capacity, cfg.block_n, device)
+    elif not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits: expected a positive int or None; got {num_splits!r}")
+    chunk = cfg.block_n * triton.cdiv(triton.cdiv(capacity, cfg.block_n), num_splits)
+    return cfg, chunk, triton.cdiv(capacity, chunk)
+
+
+def decode_workspace(
+    q_heads: int, k_cache: torch.Tensor, dtype: torch.dtype, *, emit_scores: bool, num_splits: Optional[int] = None
+) -> DecodeWorkspace:
+    """Allocate the scratch `decode_attention_triton` needs for queries of `q_heads` heads in `dtype`.
+
+    Args:
+        k_cache: `[B, Hkv, C, D]`, the cache the workspace will serve.
+    """
+    batch, kv_heads, capacity, head_dim = k_cache.shape
+    _, _, splits = _split_plan(batch, kv_heads, max(capacity, 1), head_dim, dtype, k_cache.device, num_splits)
+    f32 = dict(dtype=torch.float32, device=k_cache.device)
+    return DecodeWorkspace(
+        torch.empty((batch, q_heads, splits, head_dim), **f32),
+        torch.empty((batch, q_heads, splits), **f32),
+        torch.empty((batch, q_heads, capacity if emit_scores else 0), **f32),
+    )
+
+
 def decode_attention_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -251,6 +295,7 @@ def decode_attention_triton(
     *,
     out: Optional[torch.Tensor] = None,
     num_splits: Optional[int] = None,
+    workspace: Optional[DecodeWorkspace] = None,
 ) -> torch.Tensor:
     """Launch split-K decode attention; optionally add this step's probabilities into `scores`.
 
@@ -262,6 +307,7 @@ def decode_attention_triton(
         scores: `[B, Hkv, C]` float32 contiguous or None; updated in place on valid slots.
         out: optional preallocated `[B, Hq, 1, D]` output in `q.dtype`.
         num_splits: force the number of key splits per (sequence, KV head).
+        workspace: scratch from `decode_workspace` for this shape, used instead of allocating.
 
     Returns:
         `[B, Hq, 1, D]` in `q.dtype`.
@@ -284,18 +330,22 @@ def decode_attention_triton(
     if capacity == 0:
         return out.zero_()
 
-    cfg = _decode_config(head_dim, q.dtype)
-    if num_splits is None:
-        num_splits = _num_splits(batch, kv_heads, capacity, cfg.block_n, q.device)
-    elif not isinstance(num_splits, int) or num_splits < 1:
-        raise ValueError(f"num_splits: expected a positive int or None; got {num_splits!r}")
-    chunk = cfg.block_n * triton.cdiv(triton.cdiv(capacity, cfg.block_n), num_splits)
-    num_splits = triton.cdiv(capacity, chunk)
-
+    cfg, chunk, num_splits = _split_plan(batch, kv_heads, capacity, head_dim, q.dtype, q.device, num_splits)
     emit = scores is not None
-    part_out = torch.empty((batch, q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
-    part_lse = torch.empty((batch, q_heads, num_splits), dtype=torch.float32, device=q.device)
-    logits = torch.empty((batch, q_heads, capacity if emit else 0), dtype=torch.float32, device=q.device)
+    if workspace is None:
+        workspace = decode_workspace(q_heads, k_cache, q.dtype, emit_scores=emit, num_splits=num_splits)
+    part_out, part_lse, logits = workspace
+    expected = (
+        (batch, q_heads, num_splits, head_dim),
+        (batch, q_heads, num_splits),
+        (batch, q_heads, capacity if emit else logits.shape[2]),
+    )
+    for name, tensor, shape in zip(DecodeWorkspace._fields, workspace, expected):
+        if tuple(tensor.shape) != shape or tensor.dtype != torch.float32 or not tensor.is_contiguous():
+            raise ValueError(
+                f"workspace.{name}: expected a contiguous float32 tensor of shape {list(shape)} "
+                f"(from decode_workspace for this call); got {tensor.dtype} {list(tensor.shape)}"
+            )
     scores_arg = scores if emit else logits
     block_g = max(_MIN_GROUP_ROWS, triton.next_power_of_2(group))
     grid = (batch * kv_heads, num_splits)

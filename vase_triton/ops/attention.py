@@ -59,7 +59,9 @@ def _prefill_attention_fake(q, k, v, kv_lens, scale, causal, score_window):
     return out, lse, scores
 
 
-@torch.library.custom_op("vase_triton::decode_attention", mutates_args=("scores",))
+@torch.library.custom_op(
+    "vase_triton::decode_attention", mutates_args=("scores", "part_out", "part_lse", "logits")
+)
 def _decode_attention_op(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -67,16 +69,21 @@ def _decode_attention_op(
     cache_lens: torch.Tensor,
     scale: float,
     scores: Optional[torch.Tensor],
+    part_out: Optional[torch.Tensor] = None,
+    part_lse: Optional[torch.Tensor] = None,
+    logits: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
+    """`part_out`, `part_lse`, `logits`: an optional preallocated split-K workspace (all or none)."""
     if use_triton(q.device):
-        from vase_triton.kernels.decode_attention import decode_attention_triton
+        from vase_triton.kernels.decode_attention import DecodeWorkspace, decode_attention_triton
 
-        return decode_attention_triton(q, k_cache, v_cache, cache_lens, scale, scores)
+        workspace = None if part_out is None else DecodeWorkspace(part_out, part_lse, logits)
+        return decode_attention_triton(q, k_cache, v_cache, cache_lens, scale, scores, workspace=workspace)
     return reference.decode_attention(q, k_cache, v_cache, cache_lens, scale=scale, scores=scores)
 
 
 @_decode_attention_op.register_fake
-def _decode_attention_fake(q, k_cache, v_cache, cache_lens, scale, scores):
+def _decode_attention_fake(q, k_cache, v_cache, cache_lens, scale, scores, part_out=None, part_lse=None, logits=None):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
@@ -213,3 +220,14 @@ def decode_attention(
             raise ValueError("scores: expected a contiguous tensor (it is updated in place); got a strided view")
     scale = _resolve_scale(scale, q.shape[-1])
     return _decode_attention_op(q, k_cache, v_cache, cache_lens, scale, scores)
+
+
+def decode_workspace(q_heads: int, k_cache: torch.Tensor, dtype: torch.dtype, *, emit_scores: bool) -> tuple:
+    """Preallocated split-K scratch for `decode_attention` steps over `k_cache` `[B, Hkv, C, D]`.
+
+    Pass its three tensors as the last arguments of `torch.ops.vase_triton.decode_attention`
+    so that a decode step allocates nothing; the PyTorch reference ignores them.
+    """
+    from vase_triton.kernels.decode_attention import decode_workspace as allocate
+
+    return tuple(allocate(q_heads, k_cache, dtype, emit_scores=emit_scores))
