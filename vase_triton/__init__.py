@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "VaSECache": ("vase_triton.integrations.hf_cache", "VaSECache"),
+    "UnsupportedCacheOperation": ("vase_triton.integrations.hf_cache", "UnsupportedCacheOperation"),
     "VaSECacheLayer": ("vase_triton.cache", "VaSECacheLayer"),
     "patch_qwen3": ("vase_triton.integrations.models", "patch_qwen3"),
     "patch_qwen2": ("vase_triton.integrations.models", "patch_qwen2"),

@@ -100,6 +100,7 @@ class VaSECacheLayer:
         self._scored = config.policy in ATTENTION_SCORED_POLICIES
         # Split-K scratch of the decode attention, sized for the query heads on first use.
         self._decode_workspace: tuple[torch.Tensor, ...] = ()
+        self._mark_static(self.buffers())
 
     # ----------------------------------------------------------------------------- checks
 
@@ -140,9 +141,13 @@ class VaSECacheLayer:
         """Allocate (eagerly, once per head count) the scratch `decode_step` hands to the kernel."""
         if not self._decode_workspace or self._decode_workspace[0].shape[1] != q_heads:
             self._decode_workspace = decode_workspace(q_heads, self.keys, self.dtype, emit_scores=self._scored)
-            if self.device.type == "cuda":
-                for scratch in self._decode_workspace:
-                    torch._dynamo.mark_static_address(scratch)
+            self._mark_static(self._decode_workspace)
+
+    def _mark_static(self, tensors) -> None:
+        """On CUDA, fixed data pointers let compiled decode steps run under CUDA graphs without copies."""
+        if self.device.type == "cuda":
+            for tensor in tensors:
+                torch._dynamo.mark_static_address(tensor)
 
     # ----------------------------------------------------------------------------- prefill
 

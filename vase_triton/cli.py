@@ -126,8 +126,8 @@ def _load(args, device: torch.device, dtype: torch.dtype):
 
 
 def _format_bytes(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if count < 1024:
             return f"{count:.1f} {unit}"
         count /= 1024
     return f"{count:.1f} GiB"

@@ -22,7 +22,7 @@ def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def attention_probabilities(
+def masked_logits(
     q: torch.Tensor,
     k: torch.Tensor,
     *,
@@ -30,11 +30,10 @@ def attention_probabilities(
     causal: bool = True,
     kv_lens: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Softmax attention probabilities with end-aligned queries.
+    """Scaled attention logits with end-aligned queries; hidden keys get `-inf`.
 
     Query `i` of sequence `b` sits at position `L_b - Tq + i`, where `L_b = kv_lens[b]`
     (or `Tk`). It sees keys `j < L_b`, and with `causal` only `j <= L_b - Tq + i`.
-    A query that sees no key (possible only when `L_b < Tq`) gets all-zero probabilities.
 
     Args:
         q: `[B, Hq, Tq, D]`.
@@ -42,7 +41,7 @@ def attention_probabilities(
         kv_lens: `[B]` int, valid keys per sequence, or None for all `Tk`.
 
     Returns:
-        `[B, Hq, Tq, Tk]` probabilities in float32 (float64 for float64 inputs).
+        `[B, Hq, Tq, Tk]` in float32 (float64 for float64 inputs).
     """
     batch, q_heads, q_len, head_dim = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
@@ -62,13 +61,27 @@ def attention_probabilities(
         visible = visible & (key_idx.view(1, 1, k_len) <= q_pos.view(batch, q_len, 1))  # [B, Tq, Tk]
     else:
         visible = visible.expand(batch, q_len, k_len)
-    visible = visible.unsqueeze(1)  # [B, 1, Tq, Tk]
+    return logits.masked_fill(~visible.unsqueeze(1), float("-inf"))
 
-    logits = logits.masked_fill(~visible, float("-inf"))
+
+def _softmax_or_zero(logits: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim; a row of only `-inf` gives all-zero probabilities."""
     row_max = logits.amax(dim=-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     weights = torch.exp(logits - row_max)
-    return weights / weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(acc).tiny)
+    return weights / weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(logits.dtype).tiny)
+
+
+def attention_probabilities(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    scale: Optional[float] = None,
+    causal: bool = True,
+    kv_lens: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Softmax of `masked_logits`: `[B, Hq, Tq, Tk]`, all-zero for a query that sees no key."""
+    return _softmax_or_zero(masked_logits(q, k, scale=scale, causal=causal, kv_lens=kv_lens))
 
 
 def prefill_attention(
@@ -94,17 +107,12 @@ def prefill_attention(
             mass each key receives from the last `score_window` queries of all query heads of
             its group. Each row sums to `score_window * Hq / Hkv` over the valid keys.
     """
-    batch, q_heads, q_len, head_dim = q.shape
+    batch, q_heads, q_len, _ = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
-    acc = _accumulation_dtype(q.dtype)
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    probs = attention_probabilities(q, k, scale=scale, causal=causal, kv_lens=kv_lens)
-    values = v.to(acc).repeat_interleave(q_heads // kv_heads, dim=1)
+    logits = masked_logits(q, k, scale=scale, causal=causal, kv_lens=kv_lens)
+    probs = _softmax_or_zero(logits)
+    values = v.to(probs.dtype).repeat_interleave(q_heads // kv_heads, dim=1)
     out = torch.matmul(probs, values).to(q.dtype)
-
-    keys = k.to(acc).repeat_interleave(q_heads // kv_heads, dim=1)
-    logits = torch.matmul(q.to(acc), keys.transpose(-1, -2)) * scale
-    logits = logits.masked_fill(probs == 0, float("-inf"))
     lse = torch.logsumexp(logits, dim=-1).to(torch.float32)
 
     scores = None

@@ -18,7 +18,11 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from vase_triton.cache import VaSECacheLayer
 from vase_triton.config import VaSEConfig
-from vase_triton.validation import check_rank, host_checks_allowed
+from vase_triton.validation import host_checks_allowed
+
+
+class UnsupportedCacheOperation(NotImplementedError):
+    """A transformers cache operation that an evicting cache refuses by design (beam reordering, cropping)."""
 
 
 class _PassThroughLayer(CacheLayerMixin):
@@ -36,6 +40,10 @@ class _PassThroughLayer(CacheLayerMixin):
         self.values = store.values
         self.is_initialized = True
 
+    @property
+    def batch_size(self) -> int:
+        return self.store.batch_size
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> None:
         return None
 
@@ -46,9 +54,7 @@ class _PassThroughLayer(CacheLayerMixin):
         return self.owner.seen_tokens
 
     def get_max_length(self) -> int:
-        return -1
-
-    def get_max_cache_shape(self) -> int:
+        """No maximum: evictions keep the token count unbounded at a fixed capacity."""
         return -1
 
     def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
@@ -61,12 +67,12 @@ class _PassThroughLayer(CacheLayerMixin):
         self.store.reset()
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        raise NotImplementedError(
+        raise UnsupportedCacheOperation(
             "VaSECache does not support beam search (each row evicts different tokens); use num_beams=1"
         )
 
     def crop(self, *args, **kwargs) -> None:
-        raise NotImplementedError("VaSECache cannot be cropped: evicted tokens are gone")
+        raise UnsupportedCacheOperation("VaSECache cannot be cropped: evicted tokens are gone")
 
 
 class VaSECache(Cache):
@@ -117,12 +123,6 @@ class VaSECache(Cache):
             for index in range(num_layers)
         ]
         super().__init__(layers=[_PassThroughLayer(self, store) for store in self.stores])
-        if self.stores[0].device.type == "cuda":
-            # Fixed data pointers let compiled decode steps run under CUDA graphs without copies.
-            for store in self.stores:
-                for buffer in store.buffers():
-                    torch._dynamo.mark_static_address(buffer)
-        self.num_sequences = batch_size
         self.seen_tokens = 0
         self.in_prefill = False
         self.prefill_valid_lengths: Optional[torch.Tensor] = None
@@ -161,18 +161,6 @@ class VaSECache(Cache):
         """Bytes held by all layers' static buffers."""
         return sum(store.memory_bytes for store in self.stores)
 
-    @property
-    def is_compileable(self) -> bool:
-        return False
-
-    @property
-    def max_batch_size(self) -> int:
-        return self.num_sequences
-
-    @property
-    def max_cache_len(self) -> int:
-        return self.capacity
-
     def begin_step(self, num_new_tokens: int, attention_mask: Optional[torch.Tensor] = None) -> None:
         """Host-side bookkeeping before a forward pass that adds `num_new_tokens` tokens per row.
 
@@ -208,10 +196,9 @@ class VaSECache(Cache):
     def _valid_lengths(self, num_tokens: int, attention_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         if attention_mask is None or attention_mask.dim() != 2:
             return None
-        check_rank("attention_mask", attention_mask, 2, "[B, T]")
-        if tuple(attention_mask.shape) != (self.num_sequences, num_tokens):
+        if tuple(attention_mask.shape) != (self.batch_size, num_tokens):
             raise ValueError(
-                f"attention_mask: expected shape [B, T] = [{self.num_sequences}, {num_tokens}]; "
+                f"attention_mask: expected shape [B, T] = [{self.batch_size}, {num_tokens}]; "
                 f"got {list(attention_mask.shape)}"
             )
         mask = attention_mask.to(torch.bool)
@@ -240,11 +227,7 @@ class VaSECache(Cache):
 
     def reset(self) -> None:
         """Empty every layer without reallocating, ready for a new generation."""
-        for store in self.stores:
-            store.reset()
+        super().reset()
         self.seen_tokens = 0
         self.in_prefill = False
         self.prefill_valid_lengths = None
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.seen_tokens
