@@ -1,7 +1,9 @@
 """Test set-up: run the Triton kernels in the CPU interpreter on machines without CUDA.
 
 `TRITON_INTERPRET` is read when `@triton.jit` decorates a kernel, so it is set
-here, before any test module imports `vase_triton.kernels`.
+here, before any test module imports `vase_triton.kernels`. PyTorch runs on one
+thread: every tensor here is tiny, and waking a second thread per op costs far more
+than it saves (10-30x on the tiny model when another process holds the other core).
 """
 
 import os
@@ -13,16 +15,9 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+torch.set_num_threads(1)
+
 
 @pytest.fixture
 def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-@pytest.fixture
-def one_thread():
-    """The reference ops on these tiny tensors are dominated by thread wake-ups: run them on one thread."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from vase_triton import reference
+from vase_triton.cache_tensors import CacheTensors
+from vase_triton.kernels import cache_append as append_kernels
 from vase_triton.ops import append_
 
 # (B, Hkv, C, D, T_new, lengths, dtype, value_stat): every dtype, every statistic, D 64/128,
@@ -33,16 +35,19 @@ def _case_id(case) -> str:
     return f"B{batch}-Hkv{heads}-C{capacity}-D{head_dim}-Tnew{new_len}-len{'_'.join(map(str, lengths))}-{dtype_name}-{stat}"
 
 
-def _poisoned_cache(batch, heads, capacity, head_dim, lengths, dtype, device):
+def _poisoned_cache(batch, heads, capacity, head_dim, lengths, dtype, device) -> CacheTensors:
     """Cache buffers with NaN in every float slot and recognisable counters."""
     slots = (batch, heads, capacity)
-    keys = torch.full(slots + (head_dim,), float("nan"), dtype=dtype, device=device)
-    values = torch.full(slots + (head_dim,), float("nan"), dtype=dtype, device=device)
-    magnitudes = torch.full(slots, float("nan"), dtype=torch.float32, device=device)
-    positions = torch.full(slots, -7, dtype=torch.int32, device=device)
     lens = torch.tensor(lengths, dtype=torch.int32, device=device)
-    next_positions = lens + 100 * torch.arange(batch, dtype=torch.int32, device=device)
-    return [keys, values, magnitudes, positions, lens, next_positions]
+    return CacheTensors(
+        keys=torch.full(slots + (head_dim,), float("nan"), dtype=dtype, device=device),
+        values=torch.full(slots + (head_dim,), float("nan"), dtype=dtype, device=device),
+        scores=torch.full(slots, float("nan"), dtype=torch.float32, device=device),
+        magnitudes=torch.full(slots, float("nan"), dtype=torch.float32, device=device),
+        positions=torch.full(slots, -7, dtype=torch.int32, device=device),
+        lengths=lens,
+        next_positions=lens + 100 * torch.arange(batch, dtype=torch.int32, device=device),
+    )
 
 
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -51,8 +56,13 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a, b)
 
 
+@pytest.mark.parametrize("tiles", ["default", "small"])
 @pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
-def test_append_matches_reference(case, device):
+def test_append_matches_reference(case, tiles, device, monkeypatch):
+    """`small` tiles spread the new tokens over several programs (the counters then advance after the kernel)."""
+    if tiles == "small":
+        monkeypatch.setattr(append_kernels, "_INTERPRETER_MAX_TILE", 256)
+        monkeypatch.setattr(append_kernels, "_MAX_TILE", 256)
     batch, heads, capacity, head_dim, new_len, lengths, dtype, stat = case
     gen = torch.Generator().manual_seed(len(lengths) * 1000 + capacity)
     new_keys = torch.randn(batch, heads, new_len, head_dim, generator=gen).to(dtype=dtype, device=device)
@@ -62,27 +72,28 @@ def test_append_matches_reference(case, device):
 
     ours = _poisoned_cache(batch, heads, capacity, head_dim, lengths, dtype, device)
     expected = _poisoned_cache(batch, heads, capacity, head_dim, lengths, dtype, device)
-    before = [t.clone() for t in ours]
-    append_(*ours, new_keys, new_values, value_stat=stat)
-    reference.append_(*expected, new_keys, new_values, value_stat=stat)
-    keys, values, magnitudes, positions, lens, next_positions = ours
+    before = CacheTensors(*(t.clone() for t in ours))
+    append_(ours, new_keys, new_values, value_stat=stat)
+    reference.append_(expected, new_keys, new_values, value_stat=stat)
+    keys, values, scores, magnitudes, positions, lens, next_positions = ours
 
     # Counters: advanced by T_new exactly where the tokens fit.
     start = torch.tensor(lengths, dtype=torch.int32, device=device)
     fits = start + new_len <= capacity
     assert torch.equal(lens, torch.where(fits, start + new_len, start))
-    assert torch.equal(next_positions, torch.where(fits, before[5] + new_len, before[5]))
-    assert torch.equal(lens, expected[4]) and torch.equal(next_positions, expected[5])
+    assert torch.equal(next_positions, torch.where(fits, before.next_positions + new_len, before.next_positions))
+    assert torch.equal(lens, expected.lengths) and torch.equal(next_positions, expected.next_positions)
 
     # Keys, values and positions bit-identical to the reference; untouched slots still poisoned.
-    for index, name in ((0, "keys"), (1, "values"), (3, "positions")):
-        assert _bitwise_equal(ours[index], expected[index]), name
+    for name in ("keys", "values", "positions"):
+        assert _bitwise_equal(getattr(ours, name), getattr(expected, name)), name
+    assert scores.isnan().all(), "append must not touch scores"
     for b in range(batch):
         written = slice(lengths[b], lengths[b] + new_len)
         if bool(fits[b]):
             assert torch.equal(keys[b, :, written], new_keys[b])
             assert torch.equal(values[b, :, written], new_values[b])
-            expected_pos = before[5][b] + torch.arange(new_len, dtype=torch.int32, device=device)
+            expected_pos = before.next_positions[b] + torch.arange(new_len, dtype=torch.int32, device=device)
             assert torch.equal(positions[b, :, written], expected_pos.expand(heads, new_len))
             untouched = torch.ones(capacity, dtype=torch.bool, device=device)
             untouched[written] = False
@@ -94,7 +105,7 @@ def test_append_matches_reference(case, device):
 
     # Magnitudes: as close to the float64 truth as PyTorch's own fp32 statistic (fp64 inputs: 1 ulp).
     written = ~magnitudes.isnan()
-    assert torch.equal(written, ~expected[2].isnan())
+    assert torch.equal(written, ~expected.magnitudes.isnan())
     assert written.any() == fits.any()
     if fits.any():
         truth64 = new_values.double()  # [B, Hkv, T_new, D]
@@ -120,25 +131,26 @@ def test_append_repeated_steps_fill_exactly_to_capacity(device):
     gen = torch.Generator().manual_seed(3)
     tokens = torch.randn(capacity, batch, heads, 1, head_dim, generator=gen).to(torch.float16).to(device)
     for step in range(capacity):
-        append_(*cache, tokens[step], tokens[step] * 2, value_stat="range")
-    lens, next_positions = cache[4], cache[5]
-    assert lens.tolist() == [6, 6]
-    assert next_positions.tolist() == [6, 106]
-    assert torch.equal(cache[0][0, :, :, :], tokens[:, 0, :, 0].transpose(0, 1))
-    assert torch.equal(cache[0][1, :, 3:], tokens[:3, 1, :, 0].transpose(0, 1))
-    assert cache[3][1, 0].tolist() == [-7, -7, -7, 103, 104, 105]
+        append_(cache, tokens[step], tokens[step] * 2, value_stat="range")
+    assert cache.lengths.tolist() == [6, 6]
+    assert cache.next_positions.tolist() == [6, 106]
+    assert torch.equal(cache.keys[0, :, :, :], tokens[:, 0, :, 0].transpose(0, 1))
+    assert torch.equal(cache.keys[1, :, 3:], tokens[:3, 1, :, 0].transpose(0, 1))
+    assert cache.positions[1, 0].tolist() == [-7, -7, -7, 103, 104, 105]
 
 
 def test_append_rejects_bad_arguments(device):
     cache = _poisoned_cache(2, 2, 8, 64, [0, 0], torch.float16, device)
     new = torch.zeros(2, 2, 1, 64, dtype=torch.float16, device=device)
     with pytest.raises(ValueError, match="value_stat"):
-        append_(*cache, new, new, value_stat="median")
+        append_(cache, new, new, value_stat="median")
     with pytest.raises(ValueError, match="new_keys"):
-        append_(*cache, new[:, :1], new, value_stat="range")
+        append_(cache, new[:, :1], new, value_stat="range")
     with pytest.raises(TypeError, match="new_values"):
-        append_(*cache, new, new.float(), value_stat="range")
-    with pytest.raises(TypeError, match="lengths"):
-        append_(*cache[:4], cache[4].long(), cache[5], new, new, value_stat="range")
-    with pytest.raises(ValueError, match="magnitudes"):
-        append_(cache[0], cache[1], cache[2][:, :, :4], *cache[3:], new, new, value_stat="range")
+        append_(cache, new, new.float(), value_stat="range")
+    with pytest.raises(TypeError, match="cache.lengths"):
+        append_(cache._replace(lengths=cache.lengths.long()), new, new, value_stat="range")
+    with pytest.raises(ValueError, match="cache.magnitudes"):
+        append_(cache._replace(magnitudes=cache.magnitudes[:, :, :4]), new, new, value_stat="range")
+    with pytest.raises(TypeError, match="cache: expected a vase_triton.cache_tensors.CacheTensors"):
+        append_(tuple(cache), new, new, value_stat="range")

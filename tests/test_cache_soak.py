@@ -64,19 +64,20 @@ def _soak(policy: str, steps: int, device: torch.device, seed: int) -> VaSECache
 
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", POLICIES)
-def test_soak_every_policy_reference_ops(device, monkeypatch, one_thread, policy):
+def test_soak_every_policy_reference_ops(device, monkeypatch, policy):
     monkeypatch.setenv("VASE_BACKEND", "torch")
     steps = 5000
-    layer = _soak(policy, steps, device, seed=POLICIES.index(policy))
+    layer = _soak(policy, steps, device, seed=list(POLICIES).index(policy))
     if policy == "full":
         assert layer.n_evictions == 0 and bool((layer.lengths == PROMPT + steps).all())
     else:
         config = layer.config
-        assert layer.n_evictions == (PROMPT + steps - config.budget) // config.window
+        # An eviction runs before a step that finds the layer full.
+        assert layer.n_evictions == (PROMPT + steps - config.budget - 1) // config.window
 
 
 @pytest.mark.parametrize("policy", ["vase", "rkv"])
 def test_soak_triton_kernels(device, policy):
     steps = 120
     layer = _soak(policy, steps, device, seed=7)
-    assert layer.n_evictions == (PROMPT + steps - layer.config.budget) // layer.config.window
+    assert layer.n_evictions == (PROMPT + steps - layer.config.budget - 1) // layer.config.window

@@ -11,8 +11,11 @@ def test_defaults_follow_the_paper():
     config = VaSEConfig()
     assert (config.policy, config.window, config.n_sink, config.pool_kernel) == ("vase", 64, 4, 5)
     assert config.capacity == config.budget + config.window
+    # budget // 4 protected tokens in all, the 4 sinks among them (as the paper counts them).
     assert config.resolved_n_protect == config.budget // 4
     assert config.stochastic and config.protects_values and config.evicts
+    assert config.eviction_temperature == 1.0
+    assert config.score_mode == "recompute"  # the paper's importance: softmax over the candidates only
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -25,7 +28,20 @@ def test_every_policy_is_accepted(policy):
 
 def test_default_n_protect_is_clipped_to_what_fits():
     config = VaSEConfig(budget=80, window=64)
-    assert config.resolved_n_protect == 80 - 64 - 4
+    assert config.resolved_n_protect == 80 - 64
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1e-39, 1e-31])
+def test_temperatures_below_the_floor_are_deterministic(temperature):
+    config = VaSEConfig(temperature=temperature)
+    assert not config.stochastic and config.eviction_temperature == 0.0
+    assert VaSEConfig(temperature=1e-29).eviction_temperature == 1e-29
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1e-39])
+def test_random_needs_a_sampling_temperature(temperature):
+    with pytest.raises(ValueError, match="random.*no deterministic form"):
+        VaSEConfig(policy="random", temperature=temperature)
 
 
 @pytest.mark.parametrize(
@@ -33,7 +49,10 @@ def test_default_n_protect_is_clipped_to_what_fits():
     [
         ({"policy": "topk"}, "policy: expected one of vase, vase-dkv"),
         ({"budget": 64, "window": 64}, "budget > window"),
-        ({"budget": 100, "window": 64, "n_protect": 40}, "n_protect + n_sink"),
+        ({"budget": 100, "window": 64, "n_protect": 40}, "n_protect: expected 0 <= n_protect <= budget - window = 36"),
+        ({"budget": 100, "window": 64, "n_sink": 37}, "n_sink: expected 0 <= n_sink <= budget - window = 36"),
+        ({"score_mode": "exact"}, "score_mode: expected one of emitted, recompute"),
+        ({"temperature": float("inf")}, "temperature: expected a finite value"),
         ({"temperature": -0.5}, "temperature"),
         ({"value_stat": "max"}, "value_stat: expected one of range, absmax, l2, var"),
         ({"pool_kernel": 4}, "pool_kernel"),
@@ -42,7 +61,8 @@ def test_default_n_protect_is_clipped_to_what_fits():
         ({"n_sink": -1}, "n_sink"),
         ({"seed": -1}, "seed"),
     ],
-    ids=["policy", "budget", "n_protect", "temperature", "value_stat", "pool", "lambda", "window", "sink", "seed"],
+    ids=["policy", "budget", "n_protect", "n_sink_fit", "score_mode", "temperature_inf", "temperature", "value_stat",
+         "pool", "lambda", "window", "sink", "seed"],
 )
 def test_invalid_values_raise_value_error_naming_the_constraint(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment.replace("+", r"\+")):
@@ -52,6 +72,8 @@ def test_invalid_values_raise_value_error_naming_the_constraint(kwargs, fragment
 def test_wrong_types_and_unknown_fields():
     with pytest.raises(TypeError, match="budget: expected an int"):
         VaSEConfig(budget=100.0)
+    with pytest.raises(TypeError, match="protect_values: expected True, False or None"):
+        VaSEConfig(protect_values="yes")
     with pytest.raises(TypeError, match="unknown VaSEConfig field"):
         VaSEConfig().replace(bugdet=10)
     assert VaSEConfig().replace(budget=512).budget == 512

@@ -6,9 +6,10 @@ interpreter without CUDA) and checks, per KV-head row:
 
 - rows with `lengths[b] < trigger_length` are bit-identical to before;
 - evicted rows hold exactly `budget` tokens with strictly increasing positions, every sink,
-  every window token and the `n_protect` largest-magnitude non-sink candidates survived,
-  survivors' keys/values/magnitudes are bit-identical to their sources, freed slots have
-  position -1 and score 0, scores are reset (or moved, with `keep_scores`);
+  every window token and the `n_protect - n_sink` largest-magnitude non-sink candidates
+  survived (sinks count among the protected), survivors' keys/values/magnitudes are
+  bit-identical to their sources, freed slots have position -1 and score 0, scores are
+  reset in every row (or moved, with `keep_scores`);
 - the reference (`vase_triton.reference.evict_`) given the same `noise` selects the same
   tokens and leaves bit-identical buffers. With `temperature > 0` the selection keys pass
   through `log`, whose last bit may differ between implementations: a row may then differ
@@ -25,6 +26,8 @@ import pytest
 import torch
 
 from vase_triton import reference
+from vase_triton.cache_tensors import CacheTensors
+from vase_triton.kernels import eviction as eviction_kernels
 from vase_triton.ops import evict_
 
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -93,7 +96,7 @@ def make_state(case: Case, device: torch.device, seed: int) -> dict[str, torch.T
     positions = torch.where(valid, base + 3 * torch.arange(case.slots), -1).to(torch.int32)
     state = dict(
         keys=keys, values=values, scores=scores, magnitudes=magnitudes, positions=positions,
-        lengths=lengths, importance=importance, noise=noise,
+        lengths=lengths, next_positions=lengths + 1000, importance=importance, noise=noise,
     )
     return {name: tensor.to(device) for name, tensor in state.items()}
 
@@ -102,15 +105,16 @@ def run(case: Case, state: dict[str, torch.Tensor], op=evict_, **overrides) -> d
     out = {name: tensor.clone() for name, tensor in state.items()}
     kwargs = dict(
         budget=case.budget, window=case.window, n_sink=case.n_sink, n_protect=case.n_protect,
-        temperature=case.temperature, seed=7, eviction_index=3, keep_scores=case.keep_scores,
+        temperature=case.temperature, seed=7, keep_scores=case.keep_scores,
         trigger_length=case.trigger_length, noise=out["noise"],
     )
     kwargs.update(overrides)
-    op(
-        out["keys"], out["values"], out["scores"], out["magnitudes"], out["positions"], out["lengths"],
-        out["importance"], **kwargs,
-    )
+    op(cache_of(out), out["importance"], **kwargs)
     return out
+
+
+def cache_of(state: dict[str, torch.Tensor]) -> CacheTensors:
+    return CacheTensors(*(state[name] for name in CacheTensors._fields))
 
 
 def bits(tensor: torch.Tensor) -> torch.Tensor:
@@ -129,8 +133,10 @@ def check_invariants(case: Case, before: dict[str, torch.Tensor], after: dict[st
     for b, n in enumerate(case.lengths):
         if n < case.trigger:
             assert int(after["lengths"][b]) == n
-            for name in ("keys", "values", "scores", "magnitudes", "positions"):
+            for name in ("keys", "values", "magnitudes", "positions"):
                 assert torch.equal(bits(after[name][b]), bits(before[name][b])), f"row {b} touched: {name}"
+            expected_scores = before["scores"][b] if case.keep_scores else torch.zeros_like(before["scores"][b])
+            assert torch.equal(bits(after["scores"][b]), bits(expected_scores)), f"row {b}: scores"
             continue
         assert int(after["lengths"][b]) == budget
         n_candidates = n - case.window
@@ -146,7 +152,8 @@ def check_invariants(case: Case, before: dict[str, torch.Tensor], after: dict[st
             assert set(range(case.n_sink)) <= kept, "a sink was evicted"
             assert set(range(n_candidates, n)) <= kept, "a window token was evicted"
             mags = before["magnitudes"][b, h, case.n_sink:n_candidates]
-            order = torch.sort(mags, descending=True, stable=True).indices[: case.n_protect] + case.n_sink
+            n_large = max(0, case.n_protect - case.n_sink)
+            order = torch.sort(mags, descending=True, stable=True).indices[:n_large] + case.n_sink
             assert set(order.tolist()) <= kept, "a value-protected token was evicted"
             for name in ("keys", "values", "magnitudes"):
                 assert torch.equal(bits(after[name][b, h, :budget]), bits(before[name][b, h, src])), name
@@ -197,7 +204,7 @@ def _random_case(rng: torch.Generator) -> Case:
     window = pick([1, 4, 16])
     budget = int(torch.randint(window + 1, slots + 1, (1,), generator=rng))
     n_sink = min(pick([0, 1, 4]), budget - window)
-    n_protect = int(torch.randint(0, budget - window - n_sink + 1, (1,), generator=rng))
+    n_protect = int(torch.randint(0, budget - window + 1, (1,), generator=rng))
     trigger = int(torch.randint(budget, slots + 1, (1,), generator=rng))
     batch = pick([1, 2, 3])
     lengths = tuple(int(torch.randint(1, slots + 1, (1,), generator=rng)) for _ in range(batch - 1)) + (slots,)
@@ -266,9 +273,8 @@ def test_custom_op_schema_and_fake(device: torch.device) -> None:
     case = CASES[3]
     state = make_state(case, device, seed=3)
     args = (
-        state["keys"], state["values"], state["scores"], state["magnitudes"], state["positions"],
-        state["lengths"], state["importance"], state["noise"],
-        case.budget, case.window, case.n_sink, case.n_protect, case.temperature, 7, 3, False, case.trigger,
+        *cache_of(state), state["importance"], state["noise"],
+        case.budget, case.window, case.n_sink, case.n_protect, case.temperature, 7, False, case.trigger,
     )
     torch.library.opcheck(_evict_op, args, test_utils=("test_schema", "test_faketensor"))
 
@@ -281,8 +287,8 @@ BAD_ARGUMENTS = [
     ("n_sink", dict(n_sink=-1), ValueError),
     ("trigger_length", dict(trigger_length=20), ValueError),
     ("temperature", dict(temperature=-1.0), ValueError),
-    ("seed", dict(seed=2**31), ValueError),
-    ("eviction_index", dict(eviction_index=-1), ValueError),
+    ("seed", dict(seed=2**63), ValueError),
+    ("seed", dict(seed=-1), ValueError),
     ("budget", dict(budget=30.0), TypeError),
     ("keep_scores", dict(keep_scores=1), TypeError),
 ]
@@ -339,18 +345,48 @@ def test_traceable_by_torch_compile(device: torch.device) -> None:
     case = Case(2, 2, 24, 32, torch.float32, 12, 4, 1, 2, 1.0, (24, 10))
     state = make_state(case, device, seed=8)
 
-    def evict_and_sum(keys, values, scores, magnitudes, positions, lengths, importance):
+    def evict_and_sum(cache: CacheTensors, importance: torch.Tensor):
         evict_(
-            keys, values, scores, magnitudes, positions, lengths, importance, budget=case.budget,
-            window=case.window, n_sink=case.n_sink, n_protect=case.n_protect, temperature=case.temperature,
-            seed=0, eviction_index=1,
+            cache, importance, budget=case.budget, window=case.window, n_sink=case.n_sink,
+            n_protect=case.n_protect, temperature=case.temperature, seed=11,
         )
-        return positions.sum()
+        return cache.positions.sum()
 
-    names = ("keys", "values", "scores", "magnitudes", "positions", "lengths", "importance")
-    eager = {name: state[name].clone() for name in names}
-    compiled = {name: state[name].clone() for name in names}
-    evict_and_sum(*eager.values())
-    torch.compile(evict_and_sum, fullgraph=True, backend="aot_eager")(*compiled.values())
-    for name in names:
+    eager = {name: tensor.clone() for name, tensor in state.items()}
+    compiled = {name: tensor.clone() for name, tensor in state.items()}
+    evict_and_sum(cache_of(eager), eager["importance"])
+    torch.compile(evict_and_sum, fullgraph=True, backend="aot_eager")(cache_of(compiled), compiled["importance"])
+    for name in CacheTensors._fields:
         assert torch.equal(bits(compiled[name]), bits(eager[name])), name
+
+
+TILED_CASES = [
+    Case(2, 3, 111, 64, torch.float16, 57, 8, 4, 20, 1.0, (111, 80), trigger_length=58),
+    Case(1, 2, 257, 32, torch.float32, 129, 16, 0, 0, 0.0, (257,)),
+    Case(3, 1, 63, 64, torch.bfloat16, 40, 4, 2, 2, 0.7, (63, 63, 12), keep_scores=True),
+]
+
+
+@pytest.mark.parametrize("case", TILED_CASES, ids=[c.id for c in TILED_CASES])
+@pytest.mark.parametrize("drawn", [False, True], ids=["noise", "philox"])
+def test_tiled_selection_for_long_rows_equals_the_in_register_one(case, drawn, device, monkeypatch) -> None:
+    """Rows longer than the in-register limit take the tiled kernel: same draws, same survivors."""
+    state = make_state(case, device, seed=23)
+    overrides = dict(noise=None) if drawn else {}
+    resident = run(case, state, **overrides)
+    monkeypatch.setattr(eviction_kernels, "_MAX_RESIDENT_SLOTS", 16)
+    monkeypatch.setattr(eviction_kernels, "_TILED_BLOCK_N", 16)
+    tiled = run(case, state, **overrides)
+    check_invariants(case, state, tiled)
+    for name in CacheTensors._fields:
+        assert torch.equal(bits(tiled[name]), bits(resident[name])), name
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 1e-31])
+def test_temperatures_below_the_floor_select_the_top_k_in_both_implementations(temperature, device) -> None:
+    case = dataclasses.replace(TOPK_CASE, temperature=temperature)
+    state = make_state(case, device, seed=5)
+    topk = run(case, state, temperature=0.0)
+    for op in (evict_, reference.evict_):
+        got = run(case, state, op=op, noise=None)
+        assert torch.equal(got["positions"].cpu(), topk["positions"].cpu()), op.__module__

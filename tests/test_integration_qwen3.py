@@ -12,7 +12,6 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 import vase_triton
 from vase_triton import VaSECache, VaSEConfig
-from vase_triton.config import POLICIES
 from vase_triton.demo_model import ByteTokenizer, tiny_qwen3
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Hi!", "Count: 1, 2, 3,"]
@@ -113,13 +112,33 @@ def test_prompt_longer_than_capacity_is_compressed_at_prefill(model, tokenizer):
     assert all(int(store.lengths.max()) <= config.capacity for store in cache.stores)
 
 
-@pytest.mark.parametrize("policy", [p for p in POLICIES])
-def test_every_policy_runs_through_generate(policy, tokenizer, monkeypatch):
+def test_ragged_prompt_compression_is_one_eviction(model, tokenizer, monkeypatch):
     monkeypatch.setenv("VASE_BACKEND", "torch")
-    model = tiny_qwen3(seed=2, num_layers=1)
-    vase_triton.patch_qwen3(model, policy=policy, budget=20, window=4)
-    out = model.generate(**tokenizer(PROMPTS[:2]), max_new_tokens=60, min_new_tokens=60, do_sample=False)
-    assert out.shape == (2, tokenizer(PROMPTS[:2])["input_ids"].shape[1] + 60)
+    config = VaSEConfig(budget=24, window=8)
+    vase_triton.patch_qwen3(model, config)
+    cache = VaSECache.for_model(model, config, batch_size=2)
+    inputs = tokenizer(["A prompt longer than the capacity of this tiny cache, by a margin.", "Short."])
+    assert inputs["input_ids"].shape[1] > config.capacity
+    model.generate(**inputs, max_new_tokens=1, do_sample=False, cache=cache)
+    assert cache.n_evictions == 1
+    assert [int(store.lengths.max()) for store in cache.stores] == [config.budget] * len(cache.stores)
+
+
+def test_same_seed_same_generation_other_seed_other_evictions(model, tokenizer, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    inputs = tokenizer(PROMPTS[:2])
+    runs = []
+    for seed in (5, 5, 6):
+        config = VaSEConfig(budget=24, window=4, seed=seed)
+        vase_triton.patch_qwen3(model, config)
+        cache = VaSECache.for_model(model, config, batch_size=2)
+        torch.manual_seed(0)
+        out = model.generate(**inputs, max_new_tokens=40, do_sample=True, cache=cache)
+        runs.append((out, [store.positions.clone() for store in cache.stores]))
+    assert cache.n_evictions >= 5
+    assert torch.equal(runs[0][0], runs[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
+    assert not all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[2][1]))
 
 
 def test_sampling_and_num_return_sequences(model, tokenizer, monkeypatch):

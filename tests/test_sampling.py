@@ -24,7 +24,11 @@ import pytest
 import torch
 
 from vase_triton import reference
+from vase_triton.cache import VaSECacheLayer
+from vase_triton.cache_tensors import CacheTensors
+from vase_triton.config import VaSEConfig
 from vase_triton.ops import evict_
+from vase_triton.seeding import eviction_seed
 
 WEIGHTS = (0.5, 1.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0)
 KEEP = 3
@@ -47,7 +51,7 @@ def exact_inclusion(weights: tuple[float, ...], keep: int) -> list[float]:
     return inclusion
 
 
-def sample_inclusion(weights, device, *, temperature=1.0, seed=0, eviction_index=0, backend="kernel"):
+def sample_inclusion(weights, device, *, temperature=1.0, seed=0, layer=0, eviction_index=0, backend="kernel"):
     """Rows (of R) keeping each candidate, and the `[R, 8]` kept mask."""
     n_candidates = len(weights)
     slots = n_candidates + WINDOW
@@ -60,10 +64,10 @@ def sample_inclusion(weights, device, *, temperature=1.0, seed=0, eviction_index
     lengths = torch.full((BATCH,), slots, dtype=torch.int32, device=device)
     importance = torch.tensor(list(weights) + [1.0] * WINDOW, device=device).expand(shape).contiguous()
     op = evict_ if backend == "kernel" else reference.evict_
+    cache = CacheTensors(keys, values, scores, magnitudes, positions, lengths, lengths.clone())
     op(
-        keys, values, scores, magnitudes, positions, lengths, importance,
-        budget=KEEP + WINDOW, window=WINDOW, n_sink=0, n_protect=0, temperature=temperature,
-        seed=seed, eviction_index=eviction_index,
+        cache, importance, budget=KEEP + WINDOW, window=WINDOW, n_sink=0, n_protect=0, temperature=temperature,
+        seed=eviction_seed(seed, layer, eviction_index),
     )
     kept_slots = positions[:, :, :KEEP].reshape(-1, KEEP).long().cpu()
     kept = torch.zeros(kept_slots.shape[0], n_candidates, dtype=torch.bool)
@@ -114,9 +118,44 @@ def test_same_seed_same_draw_other_seed_other_draw(device) -> None:
     _, again = sample_inclusion(WEIGHTS, device, seed=21, eviction_index=4)
     _, other_seed = sample_inclusion(WEIGHTS, device, seed=22, eviction_index=4)
     _, other_eviction = sample_inclusion(WEIGHTS, device, seed=21, eviction_index=5)
+    _, other_layer = sample_inclusion(WEIGHTS, device, seed=21, layer=1, eviction_index=4)
     assert torch.equal(first, again)
     # Independent draws agree on a row with probability well below 1/2: most rows differ.
-    assert (first != other_seed).any(dim=1).float().mean() > 0.5
-    assert (first != other_eviction).any(dim=1).float().mean() > 0.5
+    for other in (other_seed, other_eviction, other_layer):
+        assert (first != other).any(dim=1).float().mean() > 0.5
     # Rows are independent streams, not copies of one draw.
     assert (first != first[:1]).any(dim=1).float().mean() > 0.5
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_layers_draw_independently(backend, device, monkeypatch) -> None:
+    """Two layers holding the same tokens keep overlapping sets as independent uniform draws would.
+
+    Policy `random` keeps `m` of the `n` non-sink candidates uniformly. For independent draws
+    the overlap of two layers' keep sets in a row is hypergeometric: mean `m²/n`, variance
+    `m²(n-m)²/(n²(n-1))`; identical draws would overlap in all `m`. Over `R` rows the summed
+    overlap is tested with a z-score at the 1e-6 false-alarm level (|z| <= 5.3).
+    """
+    if backend == "torch":
+        monkeypatch.setenv("VASE_BACKEND", "torch")
+    batch, kv_heads, head_dim = 16, 8, 32
+    config = VaSEConfig(policy="random", budget=28, window=4, n_sink=2, seed=3)
+    gen = torch.Generator().manual_seed(0)
+    tokens = config.capacity
+    query = torch.randn(batch, kv_heads, tokens, head_dim, generator=gen).to(device)
+    key = torch.randn(batch, kv_heads, tokens, head_dim, generator=gen).to(device)
+    kept = []
+    for layer_idx in (0, 1):
+        layer = VaSECacheLayer(config, batch_size=batch, num_kv_heads=kv_heads, head_dim=head_dim,
+                               dtype=torch.float32, device=device, layer_idx=layer_idx)
+        layer.prefill(query, key, key, scale=0.2)
+        layer.evict()
+        kept.append(layer.positions[:, :, config.n_sink : config.budget - config.window].reshape(batch * kv_heads, -1))
+    n = tokens - config.window - config.n_sink
+    m = config.budget - config.window - config.n_sink
+    overlap = torch.tensor([len(set(a.tolist()) & set(b.tolist())) for a, b in zip(*kept)], dtype=torch.float64)
+    rows = overlap.numel()
+    mean, variance = m * m / n, m * m * (n - m) ** 2 / (n * n * (n - 1))
+    z = (float(overlap.sum()) - rows * mean) / math.sqrt(rows * variance)
+    assert abs(z) <= 5.3, (float(overlap.mean()), mean, z)
+    assert float(overlap.mean()) < m - 1

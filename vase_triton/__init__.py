@@ -3,6 +3,7 @@
 Public API:
 
 - `VaSEConfig`: policy and sizes of the static cache.
+- `Policy` / `register_policy`: eviction policies as specs (`vase_triton.policies`).
 - `patch_qwen3(model, config=None, **overrides)` / `unpatch(model)` / `patched(model, ...)`:
   make `model.generate()` run with a static VaSE cache (`patch_qwen2`, `patch_llama` for the
   DeepSeek-R1 distills).
@@ -27,6 +28,9 @@ _LAZY = {
     "patched": ("vase_triton.integrations.models", "patched"),
     "unpatch": ("vase_triton.integrations.patching", "unpatch"),
     "is_patched": ("vase_triton.integrations.patching", "is_patched"),
+    "Policy": ("vase_triton.policies", "Policy"),
+    "register_policy": ("vase_triton.policies", "register_policy"),
+    "CacheTensors": ("vase_triton.cache_tensors", "CacheTensors"),
 }
 
 __all__ = ["VaSEConfig", "POLICIES", "VALUE_STATS", "__version__", *_LAZY]

@@ -1,16 +1,22 @@
-"""`VaSECacheLayer`: the static KV cache of one decoder layer, with value-aware eviction.
+"""`VaSECacheLayer`: the static KV cache of one decoder layer, with policy-driven eviction.
 
-Every buffer is allocated once, at construction, with `C` slots per (sequence, KV head).
-Decode appends one token per step and attends over the valid slots; when the
-longest sequence reaches `C`, one eviction shrinks every sequence longer than
-`budget` back to `budget` slots (DESIGN.md §2). The decision of which sequences to
-evict is taken on device from `lengths`; the host only keeps `length_bound`, an upper
-bound of the longest sequence that moves with the calls, never with device reads.
+Every buffer is allocated once, at construction (or, for buffers sized by the query head
+count when it is not given, at the first prefill), with `C = budget + window` slots per
+(sequence, KV head). Decode appends one token per step and attends over the valid slots;
+when the longest sequence reaches `C`, one eviction shrinks every sequence longer than
+`budget` back to `budget` slots (DESIGN.md §2). Which sequences are evicted is decided on
+device from `lengths`; the host keeps `length_bound`, an upper bound of the longest
+sequence that moves with the calls, never with device reads.
 
-Eviction is synchronous across the batch: with ragged (left-padded) prompts the
-shorter sequences are compressed at the same step as the longest one, so after each
-eviction every sequence holds at most `budget` tokens and `length_bound = budget` is
-exact again.
+Eviction is synchronous across the batch: with ragged (left-padded) prompts the shorter
+sequences are compressed at the same step as the longest one, so after each eviction
+every sequence holds at most `budget` tokens and `length_bound = budget` is exact again.
+A consequence: with an evicting policy a row's output can depend on its batch mates.
+
+The observation of each policy (`vase_triton.policies.Policy.observation`) is kept exact:
+window policies see exactly the last `window` queries before every eviction (the first
+one included, whose window may reach into the prompt), `tova` the last query, `h2o`
+every query since the token entered the cache.
 """
 
 from __future__ import annotations
@@ -20,27 +26,54 @@ from typing import Optional
 
 import torch
 
-from vase_triton.config import ATTENTION_SCORED_POLICIES, VaSEConfig
+from vase_triton.cache_tensors import CacheTensors
+from vase_triton.config import VaSEConfig
 from vase_triton.ops import append_, evict_, prefill_attention
 from vase_triton.ops.attention import decode_workspace
-from vase_triton.policies import policy_importance
+from vase_triton.policies import (
+    OBSERVE_ALL_QUERIES,
+    OBSERVE_LAST_QUERY,
+    OBSERVE_NOTHING,
+    OBSERVE_WINDOW,
+    EvictionInputs,
+    policy_importance,
+)
+from vase_triton.seeding import eviction_seed
 from vase_triton.validation import FLOAT_DTYPES, check_head_dim, check_lengths, check_rank
+
+
+def _check_count(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name}: expected an int; got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{name}: expected >= 1; got {value}")
+    return value
 
 
 class VaSECacheLayer:
     """Static KV cache of one layer: `[B, Hkv, C, D]` keys/values plus eviction state.
 
-    Buffers (allocated once, never reallocated; `C = capacity`):
+    Buffers (`C = capacity`; `tensors` holds the first seven, see `CacheTensors`):
         keys, values: `[B, Hkv, C, D]` in `dtype` (keys after RoPE).
-        scores: `[B, Hkv, C]` float32 attention importance accumulated by decode.
+        scores: `[B, Hkv, C]` float32 attention accumulated from the policy's observation queries.
         magnitudes: `[B, Hkv, C]` float32 value magnitude (`config.value_stat`).
         positions: `[B, Hkv, C]` int32 token positions, -1 in empty slots.
         lengths: `[B]` int32 valid slots per sequence.
         next_positions: `[B]` int32 position of each sequence's next token.
+        query_ring, query_valid, ring_cursor: `[B, Hq, W, D]`, `[B, W]` bool and `[1]` int64,
+            the last `window` queries (only with `score_mode="recompute"` for window policies).
+        decode workspace: the split-K scratch of decode attention (shared by the layers of a
+            `VaSECache`; owned by a layer built alone).
 
     Host-side state: `length_bound` (upper bound of `max(lengths)`) and `n_evictions`.
-    Callers that use `decode_step` directly (e.g. compiled) advance `length_bound` by one
-    per step themselves and call `evict()` when it reaches `capacity`; `decode` does both.
+    Callers that run `decode_step` themselves (e.g. compiled) call `prepare_decode_step()`
+    eagerly before each step; `decode` does both.
+
+    Eviction temporaries (beyond the op's, see `vase_triton.ops.evict_`), at the Qwen3-8B
+    shape (B 16, Hq 32, Hkv 8, C 2112, D 128): the `[B, Hkv, C]` float32 importance and
+    attention (2 x 1.1 MB) and pooling scratch of the same size; `recompute` adds `[B, Hq, W]`
+    float32 log-sum-exps (0.13 MB); `rkv` adds `[B, Hkv, C, D]` float32 unit keys (138 MB,
+    twice that while they are normalised).
     """
 
     def __init__(
@@ -54,18 +87,19 @@ class VaSECacheLayer:
         device,
         capacity: Optional[int] = None,
         layer_idx: int = 0,
+        num_query_heads: Optional[int] = None,
+        workspace: Optional[tuple[torch.Tensor, ...]] = None,
     ) -> None:
         if not isinstance(config, VaSEConfig):
             raise TypeError(f"config: expected a VaSEConfig; got {type(config).__name__}")
         for name, value in (("batch_size", batch_size), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{name}: expected an int; got {type(value).__name__} {value!r}")
-            if value < 1:
-                raise ValueError(f"{name}: expected >= 1; got {value}")
+            _check_count(name, value)
         check_head_dim("head_dim", head_dim)
         if dtype not in FLOAT_DTYPES:
             names = ", ".join(str(d).replace("torch.", "") for d in FLOAT_DTYPES)
             raise TypeError(f"dtype: expected one of ({names}); got {dtype}")
+        if not isinstance(layer_idx, int) or isinstance(layer_idx, bool) or layer_idx < 0:
+            raise ValueError(f"layer_idx: expected an int >= 0; got {layer_idx!r}")
         if config.evicts:
             if capacity is not None and capacity != config.capacity:
                 raise ValueError(
@@ -75,32 +109,113 @@ class VaSECacheLayer:
             capacity = config.capacity
         elif capacity is None or isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(
-                f"capacity: expected a positive int for policy 'full' (it never evicts: size it for "
+                f"capacity: expected a positive int for policy {config.policy!r} (it never evicts: size it for "
                 f"prompt + new tokens); got {capacity!r}"
             )
 
         self.config = config
+        self.policy = config.policy_spec
         self.capacity = capacity
         self.batch_size = batch_size
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
         self.layer_idx = layer_idx
-        slots = (batch_size, num_kv_heads, capacity)
-        self.keys = torch.zeros(slots + (head_dim,), dtype=dtype, device=device)
-        self.device = self.keys.device
-        self.values = torch.zeros_like(self.keys)
-        self.scores = torch.zeros(slots, dtype=torch.float32, device=self.device)
-        self.magnitudes = torch.zeros(slots, dtype=torch.float32, device=self.device)
-        self.positions = torch.full(slots, -1, dtype=torch.int32, device=self.device)
-        self.lengths = torch.zeros((batch_size,), dtype=torch.int32, device=self.device)
-        self.next_positions = torch.zeros((batch_size,), dtype=torch.int32, device=self.device)
+        self.tensors = CacheTensors.empty(batch_size, num_kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.device = self.tensors.keys.device
         self.length_bound = 0
         self.n_evictions = 0
-        self._scored = config.policy in ATTENTION_SCORED_POLICIES
-        # Split-K scratch of the decode attention, sized for the query heads on first use.
-        self._decode_workspace: tuple[torch.Tensor, ...] = ()
-        self._mark_static(self.buffers())
+        self.scale: Optional[float] = None
+        self._emits_scores = self.policy.decode_emits_scores(config.score_mode)
+        self._stores_queries = self.policy.stores_queries(config.score_mode)
+        self.num_query_heads: Optional[int] = None
+        self.query_ring: Optional[torch.Tensor] = None
+        self.query_valid: Optional[torch.Tensor] = None
+        self.ring_cursor: Optional[torch.Tensor] = None
+        self._workspace: tuple[torch.Tensor, ...] = ()
+        self._owns_workspace = workspace is None
+        if workspace is not None:
+            self._workspace = tuple(workspace)
+        self._mark_static(self.tensors)
+        if num_query_heads is not None:
+            self._allocate_query_state(_check_count("num_query_heads", num_query_heads))
+
+    # ----------------------------------------------------------------------------- buffers
+
+    @property
+    def keys(self) -> torch.Tensor:
+        return self.tensors.keys
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.tensors.values
+
+    @property
+    def scores(self) -> torch.Tensor:
+        return self.tensors.scores
+
+    @property
+    def magnitudes(self) -> torch.Tensor:
+        return self.tensors.magnitudes
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.tensors.positions
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.tensors.lengths
+
+    @property
+    def next_positions(self) -> torch.Tensor:
+        return self.tensors.next_positions
+
+    def _allocate_query_state(self, num_query_heads: int) -> None:
+        """Allocate (eagerly, once) what is sized by the query head count: ring and own workspace."""
+        if num_query_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"num_query_heads: expected a multiple of the {self.num_kv_heads} KV heads; got {num_query_heads}"
+            )
+        self.num_query_heads = num_query_heads
+        if self._stores_queries:
+            window = self.config.window
+            self.query_ring = torch.zeros(
+                (self.batch_size, num_query_heads, window, self.head_dim), dtype=self.dtype, device=self.device
+            )
+            self.query_valid = torch.zeros((self.batch_size, window), dtype=torch.bool, device=self.device)
+            self.ring_cursor = torch.zeros((1,), dtype=torch.long, device=self.device)
+            self._mark_static((self.query_ring, self.query_valid, self.ring_cursor))
+        if self._owns_workspace:
+            self._workspace = decode_workspace(num_query_heads, self.keys, self.dtype, emit_scores=self._emits_scores)
+            self._mark_static(self._workspace)
+
+    def _use_query_heads(self, num_query_heads: int) -> None:
+        if self.num_query_heads is None:
+            self._allocate_query_state(num_query_heads)
+        elif num_query_heads != self.num_query_heads:
+            raise ValueError(
+                f"query: expected {self.num_query_heads} query heads like this layer's buffers; got Hq={num_query_heads}"
+            )
+
+    def _mark_static(self, tensors) -> None:
+        """On CUDA, fixed data pointers let compiled decode steps run under CUDA graphs without copies."""
+        if self.device.type == "cuda":
+            for tensor in tensors:
+                torch._dynamo.mark_static_address(tensor)
+
+    def own_buffers(self) -> tuple[torch.Tensor, ...]:
+        """Every static buffer this layer owns (a shared decode workspace excluded)."""
+        ring = tuple(t for t in (self.query_ring, self.query_valid, self.ring_cursor) if t is not None)
+        return tuple(self.tensors) + ring + (self._workspace if self._owns_workspace else ())
+
+    def buffers(self) -> tuple[torch.Tensor, ...]:
+        """Every static buffer the layer uses, a shared decode workspace included."""
+        return self.own_buffers() + (() if self._owns_workspace else self._workspace)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of the buffers this layer owns (see `own_buffers`)."""
+        return sum(buffer.numel() * buffer.element_size() for buffer in self.own_buffers())
 
     # ----------------------------------------------------------------------------- checks
 
@@ -135,21 +250,38 @@ class VaSECacheLayer:
             raise ValueError(f"key: expected at least one token (T >= 1); got T={key.shape[2]}")
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
             raise ValueError(f"scale: expected a finite positive float; got {scale!r}")
+        self._use_query_heads(query.shape[1])
         return key.shape[2]
 
-    def _prepare_decode_workspace(self, q_heads: int) -> None:
-        """Allocate (eagerly, once per head count) the scratch `decode_step` hands to the kernel."""
-        if not self._decode_workspace or self._decode_workspace[0].shape[1] != q_heads:
-            self._decode_workspace = decode_workspace(q_heads, self.keys, self.dtype, emit_scores=self._scored)
-            self._mark_static(self._decode_workspace)
-
-    def _mark_static(self, tensors) -> None:
-        """On CUDA, fixed data pointers let compiled decode steps run under CUDA graphs without copies."""
-        if self.device.type == "cuda":
-            for tensor in tensors:
-                torch._dynamo.mark_static_address(tensor)
-
     # ----------------------------------------------------------------------------- prefill
+
+    def _prefill_score_window(self, prompt_len: int, compress: bool) -> int:
+        """How many of the last prompt queries the score buffer must hold after prefill.
+
+        Window policies (emitted scores) need the queries of the next eviction's window that
+        fall in the prompt: all `window` when the prompt is compressed now, else the
+        `prompt_len - budget` that precede the `capacity - prompt_len` decode steps left.
+        """
+        observation = self.policy.observation
+        if observation == OBSERVE_WINDOW and self._emits_scores:
+            window = self.config.window
+            return window if compress else min(window, max(0, prompt_len - self.config.budget))
+        if observation == OBSERVE_LAST_QUERY:
+            return 1
+        if observation == OBSERVE_ALL_QUERIES:
+            return prompt_len
+        return 0
+
+    def _seed_query_ring(self, query: torch.Tensor, real: torch.Tensor) -> None:
+        """Store the last `min(T, window)` prompt queries `[B, Hq, T, D]` (valid where `real` `[B, T]`)."""
+        prompt_len, window = query.shape[2], self.config.window
+        kept = min(prompt_len, window)
+        timeline = torch.arange(prompt_len - kept, prompt_len, device=self.device)
+        ring_slots = timeline % window
+        self.query_ring.index_copy_(2, ring_slots, query[:, :, prompt_len - kept :])
+        self.query_valid.zero_()
+        self.query_valid.index_copy_(1, ring_slots, real[:, prompt_len - kept :])
+        self.ring_cursor.fill_(prompt_len % window)
 
     def prefill(
         self,
@@ -162,6 +294,10 @@ class VaSECacheLayer:
     ) -> torch.Tensor:
         """Attend over a left-padded prompt and store its real tokens (compressed if longer than C).
 
+        A prompt longer than `C` is compressed at once, by the policy's rule, with the last
+        `window` prompt queries as the observation (SnapKV-style); every row longer than
+        `budget` is then evicted (one eviction).
+
         Args:
             query: `[B, Hq, T, D]`; key, value: `[B, Hkv, T, D]` (after RoPE).
             scale: softmax scale.
@@ -172,7 +308,6 @@ class VaSECacheLayer:
             `[B, Hq, T, D]` attention output; zeros for pad queries.
         """
         prompt_len = self._check_inputs(query, key, value, scale)
-        self._prepare_decode_workspace(query.shape[1])
         if self.length_bound != 0:
             raise ValueError(
                 f"prefill: expected an empty layer (call reset() first); got one holding up to "
@@ -187,9 +322,10 @@ class VaSECacheLayer:
         compress = prompt_len > self.capacity
         if compress and not self.config.evicts:
             raise ValueError(
-                f"key: expected at most capacity = {self.capacity} prompt tokens for policy 'full' "
+                f"key: expected at most capacity = {self.capacity} prompt tokens for policy {self.config.policy!r} "
                 f"(it never evicts); got T={prompt_len}"
             )
+        self.scale = float(scale)
 
         batch, kv_heads, head_dim = self.batch_size, self.num_kv_heads, self.head_dim
         token = torch.arange(prompt_len, device=self.device)
@@ -197,83 +333,75 @@ class VaSECacheLayer:
             lengths = torch.full((batch,), prompt_len, dtype=torch.int32, device=self.device)
         else:
             lengths = valid_lengths.to(torch.int32)
-        real = token.view(1, prompt_len) < lengths.view(batch, 1)  # [B, T]
-        # Left-align: slot j of row b holds token pad_b + j, pad_b = T - lengths[b].
-        source = (token.view(1, prompt_len) + (prompt_len - lengths).view(batch, 1)).clamp_max(prompt_len - 1)
+        pads = (prompt_len - lengths).view(batch, 1)
+        real = token.view(1, prompt_len) >= pads  # [B, T], in the padded layout
+        # Left-align: slot j of row b holds token pads_b + j.
+        stored = token.view(1, prompt_len) < lengths.view(batch, 1)  # [B, T], in the stored layout
+        source = (token.view(1, prompt_len) + pads).clamp_max(prompt_len - 1)
         source = source.view(batch, 1, prompt_len, 1).expand(batch, kv_heads, prompt_len, head_dim)
-        keep = real.view(batch, 1, prompt_len, 1)
-        keys = torch.where(keep, key.gather(2, source), torch.zeros((), dtype=key.dtype, device=self.device))
-        values = torch.where(keep, value.gather(2, source), torch.zeros((), dtype=value.dtype, device=self.device))
+        keep = stored.view(batch, 1, prompt_len, 1)
+        zero = torch.zeros((), dtype=key.dtype, device=self.device)
+        keys = torch.where(keep, key.gather(2, source), zero)
+        values = torch.where(keep, value.gather(2, source), zero)
 
-        score_window = min(self.config.window, prompt_len) if self._scored else 0
         out, _, window_scores = prefill_attention(
             query, keys, values, scale=scale, causal=True,
-            kv_lens=None if valid_lengths is None else lengths, score_window=score_window,
+            kv_lens=None if valid_lengths is None else lengths,
+            score_window=self._prefill_score_window(prompt_len, compress),
         )
+        if self._stores_queries:
+            self._seed_query_ring(query, real)
 
         if compress:
-            slots = (batch, kv_heads, prompt_len)
-            dest_keys, dest_values = torch.zeros_like(keys), torch.zeros_like(values)
-            dest_scores = torch.zeros(slots, dtype=torch.float32, device=self.device)
-            dest_magnitudes = torch.zeros(slots, dtype=torch.float32, device=self.device)
-            dest_positions = torch.full(slots, -1, dtype=torch.int32, device=self.device)
-            dest_lengths = torch.zeros((batch,), dtype=torch.int32, device=self.device)
-            dest_next = torch.zeros((batch,), dtype=torch.int32, device=self.device)
+            target = CacheTensors.empty(batch, kv_heads, prompt_len, head_dim, dtype=self.dtype, device=self.device)
         else:
-            dest_keys, dest_values, dest_scores = self.keys, self.values, self.scores
-            dest_magnitudes, dest_positions = self.magnitudes, self.positions
-            dest_lengths, dest_next = self.lengths, self.next_positions
-
-        append_(
-            dest_keys, dest_values, dest_magnitudes, dest_positions, dest_lengths, dest_next,
-            keys, values, value_stat=self.config.value_stat,
-        )
-        # The append stored all T slots; un-store the padding (slots >= lengths[b]).
-        stored = dest_positions[:, :, :prompt_len]
-        pad_slots = ~real.view(batch, 1, prompt_len)
-        stored.masked_fill_(pad_slots, -1)
-        dest_magnitudes[:, :, :prompt_len].masked_fill_(pad_slots, 0.0)
-        dest_lengths.copy_(lengths)
-        dest_next.copy_(lengths)
+            target = self.tensors
+        append_(target, keys, values, value_stat=self.config.value_stat)
+        # The append stored all T slots of every row; un-store the padding (slots >= lengths[b]).
+        pad_slots = ~stored.view(batch, 1, prompt_len)
+        target.positions[:, :, :prompt_len].masked_fill_(pad_slots, -1)
+        target.magnitudes[:, :, :prompt_len].masked_fill_(pad_slots, 0.0)
+        target.lengths.copy_(lengths)
+        target.next_positions.copy_(lengths)
         if window_scores is not None:
-            dest_scores[:, :, :prompt_len].copy_(window_scores.masked_fill(pad_slots, 0.0))
+            target.scores[:, :, :prompt_len].copy_(window_scores.masked_fill(pad_slots, 0.0))
 
         if compress:
-            config = self.config
-            importance = policy_importance(
-                config, dest_keys, dest_values, dest_scores, dest_magnitudes, dest_positions, dest_lengths,
-                eviction_index=self.n_evictions,
-            )
-            evict_(
-                dest_keys, dest_values, dest_scores, dest_magnitudes, dest_positions, dest_lengths, importance,
-                **self._eviction_arguments(), trigger_length=self.capacity,
-            )
-            self.n_evictions += 1
-            capacity = self.capacity
-            self.keys.copy_(dest_keys[:, :, :capacity])
-            self.values.copy_(dest_values[:, :, :capacity])
-            self.scores.copy_(dest_scores[:, :, :capacity])
-            self.magnitudes.copy_(dest_magnitudes[:, :, :capacity])
-            self.positions.copy_(dest_positions[:, :, :capacity])
-            self.lengths.copy_(dest_lengths)
-            self.next_positions.copy_(dest_next)
-            # Compressed rows hold `budget`; ragged rows that were not compressed may hold up to C.
-            self.length_bound = config.budget if valid_lengths is None else capacity
+            self._evict(target, importance=None, trigger_length=self.config.budget + 1)
+            self.tensors.fill_(target)
+            self.length_bound = self.config.budget
         else:
             self.length_bound = prompt_len
-        if self.length_bound == self.capacity and self.config.evicts:
-            self.evict()
         return out
 
     # ----------------------------------------------------------------------------- decode
 
+    def prepare_decode_step(self) -> None:
+        """Host-side bookkeeping before one decode step (eager, never inside a compiled graph).
+
+        Evicts when the layer is full, opens the next observation window of emitted window
+        scores `window` steps before the eviction that will close it, and counts the step.
+        Reads nothing back from the device.
+        """
+        if self.length_bound >= self.capacity:
+            if not self.config.evicts:
+                raise ValueError(
+                    f"key: cannot append past capacity = {self.capacity} (policy {self.config.policy!r} never "
+                    f"evicts); create the cache with a larger capacity"
+                )
+            self.evict()
+        if self._emits_scores and self.policy.observation == OBSERVE_WINDOW and self.length_bound == self.config.budget:
+            self.scores.zero_()
+        self.length_bound += 1
+
     def decode_step(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, scale: float) -> torch.Tensor:
         """Append one token per sequence and attend over the cache; device-only, trace-safe.
 
-        A sequence already at capacity is not appended to (the kernel skips it). Accumulates
-        attention importance into `scores` for attention-scored policies. Does not touch
-        `length_bound`, reads nothing back to the host, allocates no cache-sized tensor, and
-        compiles under `torch.compile(fullgraph=True)`.
+        A sequence already at capacity is not appended to (the kernel skips it). Adds this
+        step's attention into `scores` when the policy's decode emits scores, and stores the
+        query in the ring with `score_mode="recompute"`. Touches no host state, reads nothing
+        back to the host, allocates no cache-sized tensor, and compiles under
+        `torch.compile(fullgraph=True)`.
 
         Args:
             query: `[B, Hq, 1, D]`; key, value: `[B, Hkv, 1, D]` (after RoPE).
@@ -281,22 +409,23 @@ class VaSECacheLayer:
         Returns:
             `[B, Hq, 1, D]`.
         """
-        append_(
-            self.keys, self.values, self.magnitudes, self.positions, self.lengths, self.next_positions,
-            key, value, value_stat=self.config.value_stat,
-        )
+        append_(self.tensors, key, value, value_stat=self.config.value_stat)
+        if self._stores_queries:
+            self.query_ring.index_copy_(2, self.ring_cursor, query)
+            self.query_valid.index_fill_(1, self.ring_cursor, True)
+            self.ring_cursor.add_(1).remainder_(self.config.window)
         scores = None
-        if self._scored:
-            if self.config.policy == "tova":
+        if self._emits_scores:
+            if self.policy.resets_scores_every_step:
                 self.scores.zero_()
             scores = self.scores
         # The registered op itself: the public wrapper's value checks would read lengths on the host.
         return torch.ops.vase_triton.decode_attention(
-            query, self.keys, self.values, self.lengths, scale, scores, *self._decode_workspace
+            query, self.keys, self.values, self.lengths, scale, scores, *self._workspace
         )
 
     def decode(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, scale: float) -> torch.Tensor:
-        """Eager decode: validate, `decode_step`, advance `length_bound`, evict when full.
+        """Eager decode: validate, `prepare_decode_step`, `decode_step`.
 
         Args:
             query: `[B, Hq, 1, D]`; key, value: `[B, Hkv, 1, D]` (after RoPE).
@@ -307,73 +436,84 @@ class VaSECacheLayer:
         new_len = self._check_inputs(query, key, value, scale)
         if new_len != 1:
             raise ValueError(f"key: expected one new token per sequence, shape [B, Hkv, 1, D]; got T={new_len}")
-        if self.length_bound >= self.capacity:
-            raise ValueError(
-                f"key: cannot append past capacity = {self.capacity} without eviction (policy "
-                f"{self.config.policy!r} never evicts); the layer may already hold {self.length_bound} tokens"
-            )
-        self._prepare_decode_workspace(query.shape[1])
-        out = self.decode_step(query, key, value, scale=scale)
-        self.length_bound += 1
-        if self.length_bound == self.capacity and self.config.evicts:
-            self.evict()
-        return out
+        self.scale = float(scale)
+        self.prepare_decode_step()
+        return self.decode_step(query, key, value, scale=scale)
 
     # ----------------------------------------------------------------------------- eviction
 
-    def _eviction_arguments(self) -> dict:
-        config = self.config
-        return dict(
-            budget=config.budget,
-            window=config.window,
-            n_sink=config.n_sink,
-            n_protect=config.resolved_n_protect,
-            temperature=float(config.temperature) if config.stochastic else 0.0,
-            seed=config.seed,
-            eviction_index=self.n_evictions,
-            keep_scores=config.policy == "h2o",
-        )
+    def observed_attention(self, tensors: Optional[CacheTensors] = None) -> Optional[torch.Tensor]:
+        """`[B, Hkv, N]` float32 attention of the policy's observation queries (see `EvictionInputs`).
 
-    def evict(self) -> None:
+        Window policies: the mean over the last `window` queries and the group's query heads
+        (emitted: each query's softmax over all valid slots; recompute: over the candidates
+        only). `tova`: the last query's, averaged over the group. `h2o`: summed over queries.
+        None for policies that observe nothing.
+        """
+        tensors = self.tensors if tensors is None else tensors
+        observation = self.policy.observation
+        if observation == OBSERVE_NOTHING:
+            return None
+        if self.num_query_heads is None:
+            raise ValueError("observed_attention: the layer has not seen any query yet (prefill first)")
+        group = self.num_query_heads // self.num_kv_heads
+        window = self.config.window
+        if observation == OBSERVE_WINDOW and self._stores_queries:
+            candidate_lens = (tensors.lengths - window).clamp_min(0)
+            return torch.ops.vase_triton.candidate_attention(
+                self.query_ring, tensors.keys, candidate_lens, self.query_valid, self.scale
+            )
+        if observation == OBSERVE_WINDOW:
+            return tensors.scores / (window * group)
+        if observation == OBSERVE_LAST_QUERY:
+            return tensors.scores / group
+        return tensors.scores.clone()
+
+    def importance(self, tensors: Optional[CacheTensors] = None) -> torch.Tensor:
+        """`[B, Hkv, N]` float32 policy importance of the current state (the next eviction's input)."""
+        tensors = self.tensors if tensors is None else tensors
+        inputs = EvictionInputs(
+            cache=tensors, attention=self.observed_attention(tensors), window=self.config.window,
+            layer=self.layer_idx, eviction_index=self.n_evictions, seed=self.config.seed,
+        )
+        return policy_importance(self.config, inputs)
+
+    def _evict(self, tensors: CacheTensors, importance: Optional[torch.Tensor], trigger_length: int) -> None:
+        config = self.config
+        if importance is None:
+            importance = self.importance(tensors)
+        evict_(
+            tensors, importance,
+            budget=config.budget, window=config.window, n_sink=config.n_sink,
+            n_protect=config.resolved_n_protect, temperature=config.eviction_temperature,
+            seed=eviction_seed(config.seed, self.layer_idx, self.n_evictions),
+            keep_scores=self.policy.keeps_scores, trigger_length=trigger_length,
+        )  # fmt: skip
+        self.n_evictions += 1
+
+    def evict(self, importance: Optional[torch.Tensor] = None) -> None:
         """Shrink every sequence longer than `budget` to `budget` tokens, in place (eager).
 
-        Sequences at or below `budget` are untouched; the choice is made on device from
+        Sequences at or below `budget` keep their tokens; the choice is made on device from
         `lengths`. With equal lengths this evicts exactly the sequences at capacity.
+
+        Args:
+            importance: `[B, Hkv, C]` float32 to rank the candidates by instead of the policy's
+                (`self.importance()`); sinks, value protection and sampling still apply.
         """
         if not self.config.evicts:
-            raise ValueError("policy: expected an evicting policy; 'full' never evicts")
-        importance = policy_importance(
-            self.config, self.keys, self.values, self.scores, self.magnitudes, self.positions, self.lengths,
-            eviction_index=self.n_evictions,
-        )
-        evict_(
-            self.keys, self.values, self.scores, self.magnitudes, self.positions, self.lengths, importance,
-            **self._eviction_arguments(), trigger_length=self.config.budget + 1,
-        )
-        self.n_evictions += 1
+            raise ValueError(f"policy: expected an evicting policy; {self.config.policy!r} never evicts")
+        self._evict(self.tensors, importance, trigger_length=self.config.budget + 1)
         self.length_bound = min(self.length_bound, self.config.budget)
 
     # ----------------------------------------------------------------------------- state
 
     def reset(self) -> None:
         """Empty the layer without reallocating any buffer."""
-        self.keys.zero_()
-        self.values.zero_()
-        self.scores.zero_()
-        self.magnitudes.zero_()
-        self.positions.fill_(-1)
-        self.lengths.zero_()
-        self.next_positions.zero_()
+        self.tensors.reset_()
+        if self._stores_queries and self.query_ring is not None:
+            self.query_ring.zero_()
+            self.query_valid.zero_()
+            self.ring_cursor.zero_()
         self.length_bound = 0
         self.n_evictions = 0
-
-    def buffers(self) -> tuple[torch.Tensor, ...]:
-        """Every static buffer of the layer."""
-        return (
-            self.keys, self.values, self.scores, self.magnitudes, self.positions, self.lengths, self.next_positions,
-        )
-
-    @property
-    def memory_bytes(self) -> int:
-        """Bytes held by all buffers."""
-        return sum(buffer.numel() * buffer.element_size() for buffer in self.buffers())

@@ -1,24 +1,24 @@
 """`VaSEConfig`: every knob of the eviction cache, validated once at construction.
 
-Defaults follow the VaSE paper (see DESIGN.md §2): a recent window of 64 tokens
-that is also the observation window and the eviction interval, 4 attention
-sinks, and `budget // 4` value-protected tokens for the `vase` policy.
+Defaults follow the VaSE paper (see DESIGN.md §2): a recent window of 64 tokens that is
+also the observation window and the eviction interval, 4 attention sinks, and
+`budget // 4` value-protected tokens (sinks included) for the `vase` policy. What each
+policy observes and whether it samples lives in its `vase_triton.policies.Policy` entry.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
-POLICIES = ("vase", "vase-dkv", "rkv", "snapkv", "h2o", "tova", "streaming", "random", "full")
-VALUE_STATS = ("range", "absmax", "l2", "var")
+from vase_triton.policies import POLICIES, Policy, get_policy
 
-# Policies whose selection is sampled (Gumbel-top-k) rather than deterministic top-k.
-STOCHASTIC_POLICIES = ("vase", "random")
-# Policies that always keep the `n_protect` largest-magnitude value vectors.
-VALUE_PROTECTING_POLICIES = ("vase",)
-# Policies whose importance is the decode attention accumulated in the cache's score buffer.
-ATTENTION_SCORED_POLICIES = ("vase", "rkv", "snapkv", "h2o", "tova")
+VALUE_STATS = ("range", "absmax", "l2", "var")
+SCORE_MODES = ("emitted", "recompute")
+# Eviction temperatures below this are treated as exactly 0 (deterministic top-k) by every
+# implementation: far below it, `log(w) / temperature` overflows float32.
+MIN_TEMPERATURE = 1e-30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,19 +26,30 @@ class VaSEConfig:
     """Configuration of a VaSE (or baseline) eviction cache.
 
     Attributes:
-        policy: eviction policy, one of `POLICIES`.
+        policy: eviction policy, a name in `vase_triton.policies.POLICIES`.
         budget: tokens kept per (sequence, KV head) right after an eviction. The cache's
             static capacity is `budget + window`.
         window: recent window size; also the observation window and the eviction interval.
         n_sink: first tokens of the sequence that are never evicted.
-        n_protect: candidates with the largest value magnitude that are never evicted
-            (policy `vase` only). `None` means `budget // 4`, clipped to what fits.
+        n_protect: tokens kept for their value magnitude, sinks included (the sinks count
+            as the largest). `None` means `budget // 4`, clipped to `budget - window`. Only
+            used when value protection is on.
+        protect_values: keep the `n_protect` largest-magnitude value vectors; `None` means
+            the policy's default (on for `vase` only).
         value_stat: value magnitude statistic: `range` (max - min), `absmax`, `l2` or `var`.
-        temperature: Gumbel sampling temperature; 0 makes sampling policies deterministic top-k.
+        temperature: Gumbel sampling temperature of stochastic policies: candidates are
+            sampled ∝ `importance ** (1 / temperature)`; below `MIN_TEMPERATURE` (0
+            included) selection is deterministic top-k.
+        score_mode: how window-observing policies (`vase`, `snapkv`, `rkv`) get the
+            attention of the last `window` queries: `recompute` (default, the paper's
+            definition: a ring of the last `window` queries attends over the candidates
+            only, at eviction) or `emitted` (decode attention accumulates each query's
+            softmax over all slots; no stored queries, nothing recomputed).
         pool_kernel: width of the average pool that smooths attention importance (odd).
         rkv_lambda: R-KV weight `λ` in `λ·importance − (1−λ)·redundancy`.
         dkv_rank: width of the Gaussian projection of `vase-dkv`.
-        seed: seed of the philox stream used for Gumbel noise and `vase-dkv` projections.
+        seed: seed of every eviction draw (Gumbel noise, `vase-dkv` projections), combined
+            with the layer and the eviction counter.
     """
 
     policy: str = "vase"
@@ -46,55 +57,77 @@ class VaSEConfig:
     window: int = 64
     n_sink: int = 4
     n_protect: Optional[int] = None
+    protect_values: Optional[bool] = None
     value_stat: str = "range"
     temperature: float = 1.0
+    score_mode: str = "recompute"
     pool_kernel: int = 5
     rkv_lambda: float = 0.1
     dkv_rank: int = 20
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
+        policy = get_policy(self.policy) if isinstance(self.policy, str) else None
+        if policy is None:
             raise ValueError(f"policy: expected one of {', '.join(POLICIES)}; got {self.policy!r}")
-        if self.value_stat not in VALUE_STATS:
-            raise ValueError(
-                f"value_stat: expected one of {', '.join(VALUE_STATS)}; got {self.value_stat!r}"
-            )
+        for name, choices in (("value_stat", VALUE_STATS), ("score_mode", SCORE_MODES)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name}: expected one of {', '.join(choices)}; got {getattr(self, name)!r}")
         for name in ("budget", "window", "n_sink", "pool_kernel", "dkv_rank", "seed"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name}: expected an int; got {type(value).__name__} {value!r}")
+        if self.protect_values is not None and not isinstance(self.protect_values, bool):
+            raise TypeError(f"protect_values: expected True, False or None; got {self.protect_values!r}")
         if self.window < 1:
             raise ValueError(f"window: expected >= 1; got {self.window}")
-        if self.n_sink < 0:
-            raise ValueError(f"n_sink: expected >= 0; got {self.n_sink}")
         if self.budget <= self.window:
             raise ValueError(
                 f"budget: expected budget > window (each eviction keeps budget - window older "
                 f"tokens next to the window); got budget={self.budget}, window={self.window}"
             )
+        kept_candidates = self.budget - self.window
+        if not 0 <= self.n_sink <= kept_candidates:
+            raise ValueError(f"n_sink: expected 0 <= n_sink <= budget - window = {kept_candidates}; got {self.n_sink}")
         if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
             raise ValueError(f"pool_kernel: expected an odd width >= 1; got {self.pool_kernel}")
         if self.dkv_rank < 1:
             raise ValueError(f"dkv_rank: expected >= 1; got {self.dkv_rank}")
-        if not 0.0 <= float(self.rkv_lambda) <= 1.0:
-            raise ValueError(f"rkv_lambda: expected a value in [0, 1]; got {self.rkv_lambda}")
-        if not float(self.temperature) >= 0.0:
-            raise ValueError(f"temperature: expected >= 0 (0 = deterministic); got {self.temperature}")
+        if not isinstance(self.rkv_lambda, (int, float)) or not 0.0 <= float(self.rkv_lambda) <= 1.0:
+            raise ValueError(f"rkv_lambda: expected a number in [0, 1]; got {self.rkv_lambda!r}")
+        self._check_temperature(policy)
         if self.seed < 0 or self.seed >= 2**31:
             raise ValueError(f"seed: expected 0 <= seed < 2**31; got {self.seed}")
-        kept_candidates = self.budget - self.window
         if self.n_protect is not None:
             if not isinstance(self.n_protect, int) or isinstance(self.n_protect, bool):
                 raise TypeError(f"n_protect: expected an int or None; got {self.n_protect!r}")
-            if self.n_protect < 0:
-                raise ValueError(f"n_protect: expected >= 0; got {self.n_protect}")
-        if self.n_sink + self.resolved_n_protect > kept_candidates:
+            if not 0 <= self.n_protect <= kept_candidates:
+                raise ValueError(
+                    f"n_protect: expected 0 <= n_protect <= budget - window = {kept_candidates} (sinks "
+                    f"included; the protected tokens must fit among the kept candidates); got {self.n_protect}"
+                )
+            if not self.protects_values:
+                raise ValueError(
+                    f"n_protect: value protection is off for policy {self.policy!r}, so n_protect would be "
+                    f"ignored; pass protect_values=True to protect {self.n_protect} tokens, or drop n_protect"
+                )
+
+    def _check_temperature(self, policy: Policy) -> None:
+        temperature = self.temperature
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise TypeError(f"temperature: expected a float; got {type(temperature).__name__} {temperature!r}")
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise ValueError(f"temperature: expected a finite value >= 0 (0 = deterministic); got {temperature}")
+        if policy.needs_noise and temperature < MIN_TEMPERATURE:
             raise ValueError(
-                f"n_protect + n_sink: expected at most budget - window = {kept_candidates} "
-                f"(the protected tokens must fit among the kept candidates); got "
-                f"n_protect={self.resolved_n_protect}, n_sink={self.n_sink}"
+                f"temperature: policy {policy.name!r} samples and has no deterministic form; expected "
+                f"temperature >= {MIN_TEMPERATURE}; got {temperature}"
             )
+
+    @property
+    def policy_spec(self) -> Policy:
+        """The registered `Policy` named by `policy`."""
+        return get_policy(self.policy)
 
     @property
     def capacity(self) -> int:
@@ -103,26 +136,34 @@ class VaSEConfig:
 
     @property
     def evicts(self) -> bool:
-        """False only for the `full` reference policy."""
-        return self.policy != "full"
+        """False only for policies that never evict (`full`)."""
+        return self.policy_spec.evicts
 
     @property
     def stochastic(self) -> bool:
-        """True when candidates are sampled with Gumbel noise (`temperature > 0`)."""
-        return self.policy in STOCHASTIC_POLICIES and self.temperature > 0
+        """True when candidates are sampled with Gumbel noise (a stochastic policy, temperature >= floor)."""
+        return self.policy_spec.stochastic and self.temperature >= MIN_TEMPERATURE
+
+    @property
+    def eviction_temperature(self) -> float:
+        """The temperature handed to the eviction op: `temperature`, or 0 for deterministic selection."""
+        return float(self.temperature) if self.stochastic else 0.0
 
     @property
     def protects_values(self) -> bool:
-        return self.policy in VALUE_PROTECTING_POLICIES
+        """Whether the `n_protect` largest value vectors are kept (`protect_values` or the policy's default)."""
+        if self.protect_values is not None:
+            return self.protect_values and self.evicts
+        return self.policy_spec.protect_values
 
     @property
     def resolved_n_protect(self) -> int:
-        """Number of value-protected candidates actually used by this policy."""
+        """Tokens kept for their value magnitude, sinks included (0 without value protection)."""
         if not self.protects_values:
             return 0
         if self.n_protect is not None:
             return self.n_protect
-        return max(0, min(self.budget // 4, self.budget - self.window - self.n_sink))
+        return min(self.budget // 4, self.budget - self.window)
 
     def replace(self, **overrides) -> "VaSEConfig":
         """A copy with some fields changed, validated again."""

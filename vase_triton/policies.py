@@ -1,169 +1,284 @@
-"""Per-policy importance scores: the only thing that differs between eviction policies.
+"""Eviction policies as specs: one `Policy` entry per policy, in one registry.
 
-Each policy maps the state of one cache layer to a `[B, Hkv, N]` float32 importance that
-the fused eviction op (`vase_triton.ops.evict_`) turns into survivors: Gumbel-top-k
-sampling for stochastic policies, deterministic top-k otherwise; sinks, the recent
-window and (for `vase`) value-protected tokens are kept by the op itself. Every function
-uses static shapes and torch ops only, and reads nothing back to the host.
+A policy is what differs between VaSE and its baselines (DESIGN.md §2): which queries it
+observes, how it turns what it observed into a per-slot importance, and three flags of
+the shared eviction op (sampled or top-k, value protection on by default, scores kept
+across evictions). Everything else — the static cache, sinks, the recent window, the
+fused select-and-compact kernel — is shared. The cache reads these fields and never
+names a policy.
 
-Slot `s` of sequence `b` is valid when `s < lengths[b]`; the candidates are the valid
-slots before the recent window, `s < lengths[b] - window`. Importance outside the valid
-slots is 0.
+Adding a policy is one `register_policy(Policy(...))` call (or one entry below) whose
+importance function maps `(config, EvictionInputs)` to a `[B, Hkv, N]` float32 tensor.
+Slot `s` of row `b` is a *candidate* when `s < lengths[b] - window`; only candidates are
+ranked (sinks and the recent window are kept by the op), so importance elsewhere is 0.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Callable
+import types
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
-from vase_triton.config import VaSEConfig
-from vase_triton.seeding import eviction_generator_seed
+from vase_triton.cache_tensors import CacheTensors, slot_mask
+from vase_triton.seeding import PROJECTION_STREAM, eviction_seed
 
-PolicyImportance = Callable[..., torch.Tensor]
+if TYPE_CHECKING:
+    from vase_triton.config import VaSEConfig
+
+# What a policy observes, i.e. which queries' attention `EvictionInputs.attention` holds.
+OBSERVE_WINDOW = "window"  # the last `window` queries before the eviction
+OBSERVE_LAST_QUERY = "last-query"  # the last query only
+OBSERVE_ALL_QUERIES = "all-queries"  # every query since the token entered the cache, prompt included
+OBSERVE_NOTHING = "nothing"  # no attention (importance from the cache contents alone)
+OBSERVATIONS = (OBSERVE_WINDOW, OBSERVE_LAST_QUERY, OBSERVE_ALL_QUERIES, OBSERVE_NOTHING)
 
 
-def _slot_mask(lengths: torch.Tensor, num_slots: int, offset: int, device: torch.device) -> torch.Tensor:
-    """`[B, 1, N]` bool: slot < lengths[b] - offset."""
-    slot = torch.arange(num_slots, device=device).view(1, 1, num_slots)
-    return slot < (lengths.to(device=device, dtype=torch.long) - offset).view(-1, 1, 1)
+@dataclasses.dataclass(frozen=True)
+class EvictionInputs:
+    """What a policy's importance function may read about one layer at one eviction.
+
+    cache: the layer's buffers (`N` slots per row; see `CacheTensors`).
+    attention: `[B, Hkv, N]` float32 mean attention probability each slot received from
+        the policy's observation queries (averaged over those queries and the query heads
+        of the KV group; for `all-queries`, summed over queries instead), or None for
+        policies that observe nothing. Only candidate slots are meaningful.
+    window: recent-window size; candidates are slots `< lengths[b] - window`.
+    layer: layer index; eviction_index: evictions this layer has done before this one.
+    seed: the configuration's seed (draw with `vase_triton.seeding.eviction_seed`).
+    """
+
+    cache: CacheTensors
+    attention: Optional[torch.Tensor]
+    window: int
+    layer: int
+    eviction_index: int
+    seed: int
+
+    @property
+    def candidates(self) -> torch.Tensor:
+        """`[B, 1, N]` bool candidate mask."""
+        return slot_mask(self.cache.lengths, self.cache.num_slots, self.window)
 
 
-def pooled_attention(config: VaSEConfig, scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Window attention smoothed along the slots by an average pool of width `config.pool_kernel`.
+ImportanceFunction = Callable[["VaSEConfig", EvictionInputs], torch.Tensor]
 
-    Edges are zero-padded: slots outside `[0, lengths[b])` count as 0 and the divisor is
-    always `pool_kernel`, so a slot at the edge of the sequence is smoothed towards 0.
 
-    Args:
-        scores: `[B, Hkv, N]` float32 accumulated attention; lengths: `[B]` int.
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """One eviction policy.
+
+    name: the `VaSEConfig.policy` value.
+    importance: `(config, EvictionInputs) -> [B, Hkv, N]` float32, or None for a policy
+        that never evicts (`full`).
+    observation: which queries' attention the policy reads (`OBSERVATIONS`).
+    stochastic: keep candidates by Gumbel-top-k sampling (∝ importance) instead of top-k.
+    protect_values: default of `VaSEConfig.protect_values` (keep the largest value vectors).
+    summary: one line for the README's table and `--help`.
+    needs_noise: the importance alone cannot rank (e.g. uniform), so the policy is refused
+        with a temperature that would make its selection deterministic.
+    """
+
+    name: str
+    importance: Optional[ImportanceFunction]
+    observation: str
+    stochastic: bool
+    protect_values: bool
+    summary: str
+    needs_noise: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"name: expected a non-empty string; got {self.name!r}")
+        if self.observation not in OBSERVATIONS:
+            raise ValueError(f"observation: expected one of {', '.join(OBSERVATIONS)}; got {self.observation!r}")
+        if self.importance is not None and not callable(self.importance):
+            raise TypeError(f"importance: expected a callable or None; got {type(self.importance).__name__}")
+        if self.needs_noise and not self.stochastic:
+            raise ValueError(f"needs_noise: only a stochastic policy can need noise; {self.name!r} is not stochastic")
+        if self.importance is None and self.observation != OBSERVE_NOTHING:
+            raise ValueError(f"observation: a policy that never evicts observes nothing; got {self.observation!r}")
+
+    @property
+    def evicts(self) -> bool:
+        return self.importance is not None
+
+    @property
+    def keeps_scores(self) -> bool:
+        """Scores move with their tokens at eviction instead of being reset (`all-queries`)."""
+        return self.observation == OBSERVE_ALL_QUERIES
+
+    @property
+    def resets_scores_every_step(self) -> bool:
+        """Each decode step clears the scores before adding its own (`last-query`)."""
+        return self.observation == OBSERVE_LAST_QUERY
+
+    def decode_emits_scores(self, score_mode: str) -> bool:
+        """Whether decode attention adds each step's probabilities into the score buffer."""
+        if self.observation == OBSERVE_WINDOW:
+            return score_mode == "emitted"
+        return self.observation in (OBSERVE_LAST_QUERY, OBSERVE_ALL_QUERIES)
+
+    def stores_queries(self, score_mode: str) -> bool:
+        """Whether the cache keeps a ring of the last `window` queries (`recompute` mode)."""
+        return self.observation == OBSERVE_WINDOW and score_mode == "recompute"
+
+
+# ------------------------------------------------------------------------- importance functions
+
+
+def pooled_candidate_attention(config: "VaSEConfig", inputs: EvictionInputs) -> torch.Tensor:
+    """Observation attention over the candidates, smoothed by an average pool of width `pool_kernel`.
+
+    The pool runs over candidate slots only: slots outside `[0, lengths[b] - window)` count as
+    0 and the divisor is always `pool_kernel` (zero padding, `count_include_pad`), so the
+    recent window's large attention never bleeds into the last candidates.
 
     Returns:
-        `[B, Hkv, N]` float32, 0 at slots `>= lengths[b]`.
+        `[B, Hkv, N]` float32, 0 outside the candidates.
     """
-    batch, kv_heads, num_slots = scores.shape
-    valid = _slot_mask(lengths, num_slots, 0, scores.device)
-    masked = scores.to(torch.float32) * valid
+    attention = inputs.attention
+    batch, kv_heads, num_slots = attention.shape
+    candidates = inputs.candidates
     width = config.pool_kernel
     pooled = F.avg_pool1d(
-        masked.reshape(batch * kv_heads, 1, num_slots), kernel_size=width, stride=1,
-        padding=width // 2, count_include_pad=True,
+        (attention.to(torch.float32) * candidates).reshape(batch * kv_heads, 1, num_slots),
+        kernel_size=width, stride=1, padding=width // 2, count_include_pad=True,
     ).view(batch, kv_heads, num_slots)
-    return pooled * valid
+    return pooled * candidates
 
 
-def _window_attention(config, keys, values, scores, magnitudes, positions, lengths, eviction_index):
-    return pooled_attention(config, scores, lengths)
+def _observed_attention(config: "VaSEConfig", inputs: EvictionInputs) -> torch.Tensor:
+    return inputs.attention.to(torch.float32) * inputs.candidates
 
 
-def _accumulated_attention(config, keys, values, scores, magnitudes, positions, lengths, eviction_index):
-    return scores.to(torch.float32) * _slot_mask(lengths, scores.shape[-1], 0, scores.device)
+def key_redundancy(keys: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """R-KV redundancy: softmax over the candidates of each key's mean cosine similarity to the others.
 
+    Args:
+        keys: `[B, Hkv, N, D]`; candidates: `[B, 1, N]` bool.
 
-def _redundancy_aware_attention(config, keys, values, scores, magnitudes, positions, lengths, eviction_index):
-    num_slots = scores.shape[-1]
-    candidate = _slot_mask(lengths, num_slots, config.window, scores.device)  # [B, 1, N]
-    tiny = torch.finfo(torch.float32).tiny
-    attention = pooled_attention(config, scores, lengths) * candidate
-    attention = attention / attention.sum(dim=-1, keepdim=True).clamp_min(tiny)
-
-    unit = F.normalize(keys.to(torch.float32), dim=-1)  # [B, Hkv, N, D]
-    total = (unit * candidate.unsqueeze(-1)).sum(dim=2, keepdim=True)  # [B, Hkv, 1, D]
+    Returns:
+        `[B, Hkv, N]` float32 summing to 1 over each row's candidates, 0 elsewhere.
+    """
+    unit = F.normalize(keys.to(torch.float32), dim=-1).mul_(candidates.unsqueeze(-1))  # [B, Hkv, N, D]
+    total = unit.sum(dim=2, keepdim=True)  # [B, Hkv, 1, D]
     self_similarity = unit.square().sum(dim=-1)  # [B, Hkv, N]
-    n_candidates = (lengths.to(device=scores.device, dtype=torch.float32) - config.window).view(-1, 1, 1)
-    mean_similarity = ((unit * total).sum(dim=-1) - self_similarity) / (n_candidates - 1).clamp_min(1)
-    redundancy = torch.softmax(mean_similarity.masked_fill(~candidate, -1e30), dim=-1) * candidate
+    n_candidates = candidates.sum(dim=-1, keepdim=True).to(torch.float32)  # [B, 1, 1]
+    similarity_sum = (unit @ total.transpose(-1, -2)).squeeze(-1)  # [B, Hkv, N]
+    mean_similarity = (similarity_sum - self_similarity) / (n_candidates - 1).clamp_min(1)
+    return torch.softmax(mean_similarity.masked_fill(~candidates, -1e30), dim=-1) * candidates
+
+
+def _redundancy_aware_attention(config: "VaSEConfig", inputs: EvictionInputs) -> torch.Tensor:
+    candidates = inputs.candidates
+    attention = pooled_candidate_attention(config, inputs)
+    redundancy = key_redundancy(inputs.cache.keys, candidates)
     lam = float(config.rkv_lambda)
-    return (lam * attention - (1.0 - lam) * redundancy) * candidate
+    return (lam * attention - (1.0 - lam) * redundancy) * candidates
 
 
-def dkv_projection(config: VaSEConfig, head_dim: int, eviction_index: int, device: torch.device) -> torch.Tensor:
-    """The `[D, dkv_rank]` Gaussian projection of eviction `eviction_index`, scaled by `1/sqrt(dkv_rank)`.
+def dkv_projection(
+    config: "VaSEConfig", shape: tuple[int, int], head_dim: int, *, layer: int, eviction_index: int, device
+) -> torch.Tensor:
+    """The Gaussian projections `G` of one eviction: `[B, Hkv, D, dkv_rank]`, scaled by `1/sqrt(dkv_rank)`.
 
-    Drawn on the CPU from a generator seeded by `(config.seed, eviction_index)`, so it is the
-    same on every device and for every row of the layer.
+    One independent `G` per row and KV head, drawn on the CPU from the stream of
+    `(config.seed, layer, eviction_index)`, so it is the same on every device.
     """
     generator = torch.Generator(device="cpu")
-    generator.manual_seed(eviction_generator_seed(config.seed, eviction_index))
-    projection = torch.randn(head_dim, config.dkv_rank, generator=generator, dtype=torch.float32)
+    generator.manual_seed(eviction_seed(config.seed, layer, eviction_index, PROJECTION_STREAM))
+    projection = torch.randn(*shape, head_dim, config.dkv_rank, generator=generator, dtype=torch.float32)
     return (projection / math.sqrt(config.dkv_rank)).to(device)
 
 
-def _projected_energy(config, keys, values, scores, magnitudes, positions, lengths, eviction_index):
-    projection = dkv_projection(config, keys.shape[-1], eviction_index, keys.device)
-    key_energy = (keys.to(torch.float32) @ projection).square().sum(dim=-1)  # [B, Hkv, N]
-    value_energy = (values.to(torch.float32) @ projection).square().sum(dim=-1)  # [B, Hkv, N]
-    candidate = _slot_mask(lengths, keys.shape[2], config.window, keys.device)
-    energy = key_energy * value_energy * candidate
+def _projected_energy(config: "VaSEConfig", inputs: EvictionInputs) -> torch.Tensor:
+    cache = inputs.cache
+    batch, kv_heads, _, head_dim = cache.keys.shape
+    projection = dkv_projection(
+        config, (batch, kv_heads), head_dim, layer=inputs.layer, eviction_index=inputs.eviction_index,
+        device=cache.keys.device,
+    )
+    key_energy = (cache.keys.to(torch.float32) @ projection).square().sum(dim=-1)  # [B, Hkv, N]
+    value_energy = (cache.values.to(torch.float32) @ projection).square().sum(dim=-1)  # [B, Hkv, N]
+    energy = key_energy * value_energy * inputs.candidates
     return energy / energy.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
 
 
-def _recency(config, keys, values, scores, magnitudes, positions, lengths, eviction_index):
-    valid = _slot_mask(lengths, positions.shape[-1], 0, positions.device)
-    return (positions.to(torch.float32) + 1.0) * valid
+def _recency(config: "VaSEConfig", inputs: EvictionInputs) -> torch.Tensor:
+    return (inputs.cache.positions.to(torch.float32) + 1.0) * inputs.candidates
 
 
-def _uniform(config, keys, values, scores, magnitudes, positions, lengths, eviction_index):
-    valid = _slot_mask(lengths, scores.shape[-1], 0, scores.device)
-    return valid.expand(scores.shape).to(torch.float32)
+def _uniform(config: "VaSEConfig", inputs: EvictionInputs) -> torch.Tensor:
+    return inputs.candidates.expand(inputs.cache.scores.shape).to(torch.float32)
 
 
-POLICY_IMPORTANCE: dict[str, PolicyImportance] = {
-    # window attention, average-pooled along the slots (sampled for vase)
-    "vase": _window_attention,
-    "snapkv": _window_attention,
-    # attention accumulated since the token entered the cache (never reset for h2o)
-    "h2o": _accumulated_attention,
-    # attention of the last query only (the cache clears scores before each step)
-    "tova": _accumulated_attention,
-    # lam * normalised pooled attention - (1 - lam) * softmax of mean key cosine similarity
-    "rkv": _redundancy_aware_attention,
-    # ||k G||^2 * ||v G||^2 with a fresh Gaussian G per eviction, normalised per row
-    "vase-dkv": _projected_energy,
-    # position + 1: top-k keeps the most recent tokens
-    "streaming": _recency,
-    # ones: with Gumbel noise, uniform sampling
-    "random": _uniform,
-}
+# ------------------------------------------------------------------------- the registry
+
+_REGISTRY: dict[str, Policy] = {}
+POLICIES = types.MappingProxyType(_REGISTRY)  # name -> Policy, read-only view, in registration order
 
 
-def policy_importance(
-    config: VaSEConfig,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    scores: torch.Tensor,
-    magnitudes: torch.Tensor,
-    positions: torch.Tensor,
-    lengths: torch.Tensor,
-    *,
-    eviction_index: int,
-) -> torch.Tensor:
-    """Importance of every slot under `config.policy`, input of `vase_triton.ops.evict_`.
+def register_policy(policy: Policy, *, replace: bool = False) -> Policy:
+    """Make `policy` available as `VaSEConfig(policy=policy.name)`; returns it."""
+    if not isinstance(policy, Policy):
+        raise TypeError(f"policy: expected a vase_triton.policies.Policy; got {type(policy).__name__}")
+    if policy.name in _REGISTRY and not replace:
+        raise ValueError(f"policy: a policy named {policy.name!r} is already registered (pass replace=True)")
+    _REGISTRY[policy.name] = policy
+    return policy
 
-    Args:
-        config: the layer's `VaSEConfig` (`policy`, `window`, `pool_kernel`, `rkv_lambda`,
-            `dkv_rank`, `seed` are read).
-        keys, values: `[B, Hkv, N, D]`; scores, magnitudes: `[B, Hkv, N]` float32;
-        positions: `[B, Hkv, N]` int32; lengths: `[B]` int.
-        eviction_index: how many evictions this layer has done (seeds `vase-dkv`).
+
+def get_policy(name: str) -> Policy:
+    """The registered policy called `name`."""
+    if name not in _REGISTRY:
+        raise ValueError(f"policy: expected one of {', '.join(_REGISTRY)}; got {name!r}")
+    return _REGISTRY[name]
+
+
+for _policy in (
+    Policy("vase", pooled_candidate_attention, OBSERVE_WINDOW, stochastic=True, protect_values=True,
+           summary="window attention, pooled over candidates; value protection; Gumbel sampling"),
+    Policy("vase-dkv", _projected_energy, OBSERVE_NOTHING, stochastic=False, protect_values=False,
+           summary="‖kG‖²·‖vG‖² with a fresh Gaussian G per eviction; top-k"),
+    Policy("rkv", _redundancy_aware_attention, OBSERVE_WINDOW, stochastic=False, protect_values=False,
+           summary="λ·pooled window attention − (1−λ)·key redundancy; top-k"),
+    Policy("snapkv", pooled_candidate_attention, OBSERVE_WINDOW, stochastic=False, protect_values=False,
+           summary="window attention, pooled over candidates; top-k"),
+    Policy("h2o", _observed_attention, OBSERVE_ALL_QUERIES, stochastic=False, protect_values=False,
+           summary="attention of every query since the token entered, prompt included; top-k"),
+    Policy("tova", _observed_attention, OBSERVE_LAST_QUERY, stochastic=False, protect_values=False,
+           summary="attention of the last query; top-k"),
+    Policy("streaming", _recency, OBSERVE_NOTHING, stochastic=False, protect_values=False,
+           summary="sinks + most recent tokens"),
+    Policy("random", _uniform, OBSERVE_NOTHING, stochastic=True, protect_values=False,
+           summary="uniform sampling", needs_noise=True),
+    Policy("full", None, OBSERVE_NOTHING, stochastic=False, protect_values=False,
+           summary="no eviction (reference)"),
+):
+    register_policy(_policy)
+
+
+def policy_importance(config: "VaSEConfig", inputs: EvictionInputs) -> torch.Tensor:
+    """Importance of every slot under `config.policy`: the input of `vase_triton.ops.evict_`.
 
     Returns:
-        `[B, Hkv, N]` float32, contiguous. Non-negative for every policy but `rkv`, whose
-        `lam * attention - (1 - lam) * redundancy` may be negative (it selects
-        deterministically).
+        `[B, Hkv, N]` float32, contiguous, 0 outside the candidates. Non-negative for every
+        built-in policy but `rkv`, whose `λ·attention − (1−λ)·redundancy` may be negative
+        (it selects deterministically).
     """
-    if not isinstance(config, VaSEConfig):
-        raise TypeError(f"config: expected a VaSEConfig; got {type(config).__name__}")
-    if config.policy not in POLICY_IMPORTANCE:
-        raise ValueError(
-            f"config.policy: expected one of {', '.join(POLICY_IMPORTANCE)} (policies that evict); "
-            f"got {config.policy!r}"
-        )
-    if not isinstance(eviction_index, int) or isinstance(eviction_index, bool) or eviction_index < 0:
-        raise ValueError(f"eviction_index: expected an int >= 0; got {eviction_index!r}")
-    importance = POLICY_IMPORTANCE[config.policy](
-        config, keys, values, scores, magnitudes, positions, lengths, eviction_index
-    )
+    policy = config.policy_spec
+    if not policy.evicts:
+        raise ValueError(f"config.policy: expected a policy that evicts; {policy.name!r} never does")
+    needs_attention = policy.observation != OBSERVE_NOTHING
+    if needs_attention and inputs.attention is None:
+        raise ValueError(f"attention: policy {policy.name!r} observes {policy.observation} and needs attention")
+    importance = policy.importance(config, inputs)
+    expected = tuple(inputs.cache.scores.shape)
+    if not isinstance(importance, torch.Tensor) or tuple(importance.shape) != expected:
+        got = tuple(importance.shape) if isinstance(importance, torch.Tensor) else type(importance).__name__
+        raise ValueError(f"policy {policy.name!r}: importance must be a [B, Hkv, N] = {list(expected)} tensor; got {got}")
     return importance.to(torch.float32).contiguous()

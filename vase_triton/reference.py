@@ -15,7 +15,8 @@ from typing import Optional
 
 import torch
 
-from vase_triton.seeding import eviction_generator_seed
+from vase_triton.cache_tensors import CacheTensors
+from vase_triton.config import MIN_TEMPERATURE
 
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -155,6 +156,39 @@ def decode_attention(
     return out
 
 
+def candidate_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    candidate_lens: torch.Tensor,
+    *,
+    scale: float,
+    q_valid: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Mean attention each candidate key gets from a window of queries, softmax over the candidates only.
+
+    This is the paper's importance (`score_mode="recompute"`): every query's softmax runs
+    over keys `[0, candidate_lens[b])` (not causal), then probabilities are averaged over
+    the `W` queries and the query heads of each KV group.
+
+    Args:
+        q: `[B, Hq, W, D]` window queries (after RoPE); k: `[B, Hkv, N, D]`.
+        candidate_lens: `[B]` int, candidates per sequence.
+        q_valid: `[B, W]` bool, queries that exist (others contribute nothing), or None for all.
+
+    Returns:
+        `[B, Hkv, N]` float32: the sum of valid queries' probabilities divided by `W * Hq / Hkv`;
+        0 at non-candidate slots.
+    """
+    batch, q_heads, window, _ = q.shape
+    kv_heads, num_slots = k.shape[1], k.shape[2]
+    probs = attention_probabilities(q, k, scale=scale, causal=False, kv_lens=candidate_lens)  # [B, Hq, W, N]
+    if q_valid is not None:
+        probs = probs * q_valid.to(probs.dtype).view(batch, 1, window, 1)
+    group = q_heads // kv_heads
+    total = probs.sum(dim=2).view(batch, kv_heads, group, num_slots).sum(dim=2)
+    return (total / (window * group)).to(torch.float32)
+
+
 def value_magnitude(values: torch.Tensor, stat: str) -> torch.Tensor:
     """Magnitude of each value vector over its last dim.
 
@@ -179,34 +213,24 @@ def value_magnitude(values: torch.Tensor, stat: str) -> torch.Tensor:
     return magnitude.to(torch.float32)
 
 
-def append_(
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    magnitudes: torch.Tensor,
-    positions: torch.Tensor,
-    lengths: torch.Tensor,
-    next_positions: torch.Tensor,
-    new_keys: torch.Tensor,
-    new_values: torch.Tensor,
-    *,
-    value_stat: str,
-) -> None:
+def append_(cache: CacheTensors, new_keys: torch.Tensor, new_values: torch.Tensor, *, value_stat: str) -> None:
     """Append `T_new` tokens to every sequence of a static cache, in place.
 
     Sequence `b` receives the new tokens in slots `[lengths[b], lengths[b] + T_new)`, with
     their value magnitude and positions `next_positions[b] + t`; then `lengths[b]` and
     `next_positions[b]` advance by `T_new`. A sequence that would overflow the capacity is
-    left untouched. Decided on device: nothing is read back to the host.
+    left untouched. Decided on device: nothing is read back to the host. Scores are not
+    touched.
 
     Args:
-        keys, values: `[B, Hkv, C, D]`; new_keys, new_values: `[B, Hkv, T_new, D]`.
-        magnitudes: `[B, Hkv, C]` float32; positions: `[B, Hkv, C]` int32.
-        lengths, next_positions: `[B]` int32.
+        cache: the layer's buffers, `N` slots; new_keys, new_values: `[B, Hkv, T_new, D]`.
     """
-    batch, kv_heads, capacity, head_dim = keys.shape
+    batch, kv_heads, capacity, head_dim = cache.keys.shape
+    device = cache.keys.device
     new_len = new_keys.shape[2]
-    fits = lengths.to(torch.long) + new_len <= capacity  # [B]
-    slots = lengths.to(torch.long).view(batch, 1) + torch.arange(new_len, device=keys.device)  # [B, T_new]
+    lengths = cache.lengths.to(torch.long)
+    fits = lengths + new_len <= capacity  # [B]
+    slots = lengths.view(batch, 1) + torch.arange(new_len, device=device)  # [B, T_new]
     slots = slots.clamp_max(capacity - 1).view(batch, 1, new_len).expand(batch, kv_heads, new_len)
     write = fits.view(batch, 1, 1)  # [B, 1, 1]
 
@@ -216,14 +240,14 @@ def append_(
         mask = write if buffer.dim() == 3 else write.unsqueeze(-1)
         buffer.scatter_(2, index, torch.where(mask, new.to(buffer.dtype), old))
 
-    new_positions = next_positions.to(torch.long).view(batch, 1) + torch.arange(new_len, device=keys.device)
-    put(keys, new_keys)
-    put(values, new_values)
-    put(magnitudes, value_magnitude(new_values, value_stat))
-    put(positions, new_positions.view(batch, 1, new_len).expand(batch, kv_heads, new_len))
-    step = torch.where(fits, new_len, 0).to(lengths.dtype)
-    lengths.add_(step)
-    next_positions.add_(step.to(next_positions.dtype))
+    new_positions = cache.next_positions.to(torch.long).view(batch, 1) + torch.arange(new_len, device=device)
+    put(cache.keys, new_keys)
+    put(cache.values, new_values)
+    put(cache.magnitudes, value_magnitude(new_values, value_stat))
+    put(cache.positions, new_positions.view(batch, 1, new_len).expand(batch, kv_heads, new_len))
+    step = torch.where(fits, new_len, 0)
+    cache.lengths.add_(step.to(cache.lengths.dtype))
+    cache.next_positions.add_(step.to(cache.next_positions.dtype))
 
 
 # Uniforms are clamped into [GUMBEL_UNIFORM_MIN, GUMBEL_UNIFORM_MAX] (the smallest normal
@@ -232,14 +256,15 @@ GUMBEL_UNIFORM_MIN = 1.1754943508222875e-38
 GUMBEL_UNIFORM_MAX = 1.0 - 2.0**-24
 
 
-def eviction_uniforms(shape: tuple[int, ...], device: torch.device, *, seed: int, eviction_index: int) -> torch.Tensor:
-    """U(0, 1) float32 uniforms of shape `[B, Hkv, N]` from a generator seeded by `(seed, eviction_index)`.
+def eviction_uniforms(shape: tuple[int, ...], device: torch.device, *, seed: int) -> torch.Tensor:
+    """U(0, 1) float32 uniforms of shape `[B, Hkv, N]` from a generator seeded by `seed`.
 
-    This is the reference's own stream: the Triton kernel draws philox numbers instead, so
-    the two agree only when the same `noise` tensor is passed to both.
+    `seed` is the eviction's seed (`vase_triton.seeding.eviction_seed`). This is the
+    reference's own stream: the Triton kernel draws philox numbers instead, so the two agree
+    only when the same `noise` tensor is passed to both.
     """
     generator = torch.Generator(device=device)
-    generator.manual_seed(eviction_generator_seed(seed, eviction_index))
+    generator.manual_seed(seed)
     return torch.rand(shape, generator=generator, device=device, dtype=torch.float32)
 
 
@@ -247,8 +272,8 @@ def gumbel_keys(importance: torch.Tensor, uniforms: Optional[torch.Tensor], temp
     """Selection keys of Gumbel-top-k sampling, in float32.
 
     `log(w) / temperature + g` with `g = -log(-log(u))`; `w <= 0` gives `-inf` (taken only
-    after every positive weight). With `temperature == 0` the key is `w` itself
-    (deterministic top-k) and `uniforms` may be None. NaN weights become `-inf`.
+    after every positive weight). With `temperature < MIN_TEMPERATURE` (0 included) the key
+    is `w` itself (deterministic top-k) and `uniforms` may be None. NaN weights become `-inf`.
 
     Args:
         importance: `[B, Hkv, N]` weights `w`.
@@ -258,7 +283,7 @@ def gumbel_keys(importance: torch.Tensor, uniforms: Optional[torch.Tensor], temp
         `[B, Hkv, N]` float32.
     """
     weight = importance.to(torch.float32)
-    if temperature == 0:
+    if temperature < MIN_TEMPERATURE:
         return torch.where(torch.isnan(weight), float("-inf"), weight)
     uniform = uniforms.to(torch.float32).clamp(GUMBEL_UNIFORM_MIN, GUMBEL_UNIFORM_MAX)
     gumbel = -torch.log(-torch.log(uniform))
@@ -294,15 +319,17 @@ def select_keep_mask(
     """Survivors of one eviction of every row, as if each row were evicted.
 
     With `n = lengths[b]`, candidates are slots `[0, n - window)`; kept are the window
-    `[n - window, n)`, the sinks `[0, n_sink)`, the `n_protect` non-sink candidates of
-    largest magnitude, and the `budget - window - n_sink - n_protect` remaining candidates
-    of largest `gumbel_keys(importance, uniforms, temperature)`; every tie goes to the
-    earlier slot. A row with `n >= budget` keeps exactly `budget` slots.
+    `[n - window, n)`, the sinks `[0, n_sink)`, the `n_protect` candidates of largest value
+    magnitude with the sinks counted among them (sinks rank above every magnitude, so
+    `max(0, n_protect - n_sink)` non-sink candidates are protected), and the remaining
+    candidates of largest `gumbel_keys(importance, uniforms, temperature)` up to
+    `budget - window` kept candidates; every tie goes to the earlier slot. A row with
+    `n >= budget` keeps exactly `budget` slots.
 
     Args:
         importance, magnitudes: `[B, Hkv, N]` float32; lengths: `[B]` int (values above `N`
             act as `N`).
-        uniforms: `[B, Hkv, N]` float32, used when `temperature > 0`.
+        uniforms: `[B, Hkv, N]` float32, used when `temperature >= MIN_TEMPERATURE`.
 
     Returns:
         `[B, Hkv, N]` bool.
@@ -314,21 +341,16 @@ def select_keep_mask(
     sink = candidate & (slot < n_sink)
     recent = (slot >= length - window) & (slot < length)
     shape = importance.shape
-    magnitude = magnitudes.to(torch.float32)
-    protected = _largest_mask(magnitude, (candidate & ~sink).expand(shape), n_protect)
+    n_large = max(0, n_protect - n_sink)
+    protected = _largest_mask(magnitudes.to(torch.float32), (candidate & ~sink).expand(shape), n_large)
     keys = gumbel_keys(importance, uniforms, temperature)
     remaining = (candidate & ~sink).expand(shape) & ~protected
-    sampled = _largest_mask(keys, remaining, budget - window - n_sink - n_protect)
+    sampled = _largest_mask(keys, remaining, budget - window - n_sink - n_large)
     return sink.expand(shape) | protected | sampled | recent.expand(shape)
 
 
 def evict_(
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    scores: torch.Tensor,
-    magnitudes: torch.Tensor,
-    positions: torch.Tensor,
-    lengths: torch.Tensor,
+    cache: CacheTensors,
     importance: torch.Tensor,
     *,
     budget: int,
@@ -337,37 +359,34 @@ def evict_(
     n_protect: int,
     temperature: float,
     seed: int,
-    eviction_index: int,
     keep_scores: bool = False,
     trigger_length: Optional[int] = None,
     noise: Optional[torch.Tensor] = None,
 ) -> None:
     """Evict every sequence with `lengths[b] >= trigger_length` down to `budget` slots, in place.
 
-    Survivors are `select_keep_mask(...)` (uniforms: `noise`, else `eviction_uniforms`), moved
-    to slots `[0, budget)` in temporal order with their keys, values, magnitudes, positions
-    and (with `keep_scores`) scores; other scores become 0, slots `[budget, N)` get position
-    -1 and score 0, and `lengths[b] = budget`. Other sequences are not touched.
+    Survivors are `select_keep_mask(...)` (uniforms: `noise`, else `eviction_uniforms(seed)`),
+    moved to slots `[0, budget)` in temporal order with their keys, values, magnitudes,
+    positions and (with `keep_scores`) scores. Without `keep_scores` the scores of every row
+    are reset to 0 (the next observation starts empty); slots `[budget, N)` of evicted rows
+    get position -1 and score 0, and their `lengths[b] = budget`. Other rows keep their slots.
 
     Args:
-        keys, values: `[B, Hkv, N, D]`.
-        scores, magnitudes, importance: `[B, Hkv, N]` float32; positions: `[B, Hkv, N]` int32.
-        lengths: `[B]` int; noise: `[B, Hkv, N]` float32 uniforms or None.
-        trigger_length: default `N`.
+        cache: the layer's buffers (`N` slots); importance: `[B, Hkv, N]` float32.
+        noise: `[B, Hkv, N]` float32 uniforms or None; trigger_length: default `N`.
     """
+    keys = cache.keys
     batch, kv_heads, num_slots, head_dim = keys.shape
     trigger_length = num_slots if trigger_length is None else trigger_length
     uniforms = noise
-    if temperature > 0 and noise is None:
-        uniforms = eviction_uniforms(
-            (batch, kv_heads, num_slots), keys.device, seed=seed, eviction_index=eviction_index
-        )
+    if temperature >= MIN_TEMPERATURE and noise is None:
+        uniforms = eviction_uniforms((batch, kv_heads, num_slots), keys.device, seed=seed)
     keep = select_keep_mask(
-        importance, magnitudes, lengths, budget=budget, window=window, n_sink=n_sink,
+        importance, cache.magnitudes, cache.lengths, budget=budget, window=window, n_sink=n_sink,
         n_protect=n_protect, temperature=temperature, uniforms=uniforms,
     )
     survivors = torch.sort(keep.to(torch.int8), dim=-1, descending=True, stable=True).indices[..., :budget]
-    evicted = (lengths >= trigger_length).to(keys.device).view(batch, 1, 1)  # [B, 1, 1]
+    evicted = (cache.lengths >= trigger_length).to(keys.device).view(batch, 1, 1)  # [B, 1, 1]
 
     def compact(buffer: torch.Tensor) -> None:
         if buffer.dim() == 4:
@@ -379,12 +398,12 @@ def evict_(
         head = buffer[:, :, :budget]
         head.copy_(torch.where(rows, moved, head))
 
-    for buffer in (keys, values, magnitudes, positions):
+    for buffer in (cache.keys, cache.values, cache.magnitudes, cache.positions):
         compact(buffer)
-    positions[:, :, budget:].masked_fill_(evicted, -1)
+    cache.positions[:, :, budget:].masked_fill_(evicted, -1)
     if keep_scores:
-        compact(scores)
-        scores[:, :, budget:].masked_fill_(evicted, 0.0)
+        compact(cache.scores)
+        cache.scores[:, :, budget:].masked_fill_(evicted, 0.0)
     else:
-        scores.masked_fill_(evicted, 0.0)
-    lengths.masked_fill_(evicted.view(batch).to(lengths.device), budget)
+        cache.scores.zero_()
+    cache.lengths.masked_fill_(evicted.view(batch).to(cache.lengths.device), budget)

@@ -89,3 +89,25 @@ def check_lengths(name: str, lens: torch.Tensor, batch: int, low: int, high: int
         lo, hi = int(lens.min()), int(lens.max())
         if lo < low or hi > high:
             raise ValueError(f"{name}: expected values in [{low}, {high}]; got values in [{lo}, {hi}]")
+
+
+def check_cache_tensors(cache: object, dtypes: Sequence[torch.dtype] = FLOAT_DTYPES) -> tuple[int, int, int, int]:
+    """`cache` must be a `CacheTensors` of consistent shapes, dtypes and device; returns `(B, Hkv, N, D)`."""
+    from vase_triton.cache_tensors import CacheTensors
+
+    if not isinstance(cache, CacheTensors):
+        raise TypeError(f"cache: expected a vase_triton.cache_tensors.CacheTensors; got {type(cache).__name__}")
+    for name, tensor in zip(CacheTensors._fields, cache):
+        check_tensor(f"cache.{name}", tensor)
+    check_rank("cache.keys", cache.keys, 4, "[B, Hkv, N, D]")
+    check_float_dtype("cache.keys", cache.keys, dtypes)
+    batch, kv_heads, num_slots, head_dim = cache.keys.shape
+    rows = (batch, kv_heads, num_slots)
+    check_exact("cache.values", cache.values, cache.keys.shape, cache.keys.dtype, "[B, Hkv, N, D]")
+    check_exact("cache.scores", cache.scores, rows, torch.float32, "[B, Hkv, N]")
+    check_exact("cache.magnitudes", cache.magnitudes, rows, torch.float32, "[B, Hkv, N]")
+    check_exact("cache.positions", cache.positions, rows, torch.int32, "[B, Hkv, N]")
+    check_exact("cache.lengths", cache.lengths, (batch,), torch.int32, "[B]")
+    check_exact("cache.next_positions", cache.next_positions, (batch,), torch.int32, "[B]")
+    check_same_device([f"cache.{name}" for name in CacheTensors._fields], cache)
+    return batch, kv_heads, num_slots, head_dim

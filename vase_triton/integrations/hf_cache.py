@@ -99,28 +99,32 @@ class VaSECache(Cache):
         dtype: torch.dtype,
         device,
         max_length: Optional[int] = None,
+        num_query_heads: Optional[int] = None,
     ):
         if not isinstance(config, VaSEConfig):
             raise TypeError(f"config: expected a VaSEConfig; got {type(config).__name__}")
         if not config.evicts and max_length is None:
-            raise ValueError("max_length: the 'full' policy never evicts, so its capacity (prompt + new tokens) is required")
+            raise ValueError(
+                f"max_length: the {config.policy!r} policy never evicts, so its capacity (prompt + new tokens) is required"
+            )
         for name, value in (("num_layers", num_layers), ("batch_size", batch_size)):
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: expected a positive int; got {value!r}")
         capacity = max_length if not config.evicts else None
         self.vase_config = config
-        self.stores = [
+        first = VaSECacheLayer(
+            config, batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
+            device=device, capacity=capacity, layer_idx=0, num_query_heads=num_query_heads,
+        )
+        # Layers run one after another: the first layer's decode workspace serves them all.
+        shared = first._workspace if num_query_heads is not None else None
+        self.stores = [first] + [
             VaSECacheLayer(
-                config,
-                batch_size=batch_size,
-                num_kv_heads=num_kv_heads,
-                head_dim=head_dim,
-                dtype=dtype,
-                device=device,
-                capacity=capacity,
-                layer_idx=index,
+                config, batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
+                device=device, capacity=capacity, layer_idx=index, num_query_heads=num_query_heads,
+                workspace=shared,
             )
-            for index in range(num_layers)
+            for index in range(1, num_layers)
         ]
         super().__init__(layers=[_PassThroughLayer(self, store) for store in self.stores])
         self.seen_tokens = 0
@@ -144,6 +148,7 @@ class VaSECache(Cache):
             dtype=model.dtype,
             device=model.device,
             max_length=max_length,
+            num_query_heads=text_config.num_attention_heads,
         )
 
     @property
@@ -158,7 +163,7 @@ class VaSECache(Cache):
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes held by all layers' static buffers."""
+        """Bytes of every buffer the cache owns: all layers' buffers and the shared decode workspace."""
         return sum(store.memory_bytes for store in self.stores)
 
     def begin_step(self, num_new_tokens: int, attention_mask: Optional[torch.Tensor] = None) -> None:
@@ -179,14 +184,12 @@ class VaSECache(Cache):
                 f"got {num_new_tokens} (to start a new generation, pass a new cache or call cache.reset())"
             )
         for store in self.stores:
-            if store.length_bound + 1 > store.capacity:
-                if not store.config.evicts:
-                    raise ValueError(
-                        f"max_length: the 'full' cache holds {store.capacity} tokens and is full; "
-                        "create it with a larger max_length"
-                    )
-                store.evict()
-            store.length_bound += 1
+            if store.length_bound >= store.capacity and not store.config.evicts:
+                raise ValueError(
+                    f"max_length: the {store.config.policy!r} cache holds {store.capacity} tokens and is full; "
+                    "create it with a larger max_length"
+                )
+            store.prepare_decode_step()
 
     def end_step(self, num_new_tokens: int) -> None:
         """Count the tokens of the forward pass that `begin_step` opened."""

@@ -1,10 +1,14 @@
 """Fused cache append: copy new keys/values into the next free slots, record their
 value magnitude and position, and advance the per-sequence counters.
 
-One program per sequence `b` handles all of its KV heads, so the program that
-reads `lengths[b]` is also the only one that advances it: no cross-program race
-and a single launch per decode step. A sequence whose cache would overflow
-(`lengths[b] + T_new > C`) is left untouched, counters included.
+`_cache_append_kernel` runs one program per (sequence `b`, block of `BLOCK_T` new
+tokens) and walks the KV heads in blocks of `BLOCK_H`, moving `[BLOCK_H, BLOCK_T,
+BLOCK_D]` tiles: a decode step (one token) is one program per sequence over all its
+heads, a prompt is spread over many programs. Every program reads `lengths[b]` to find
+its slots, so the counters may only advance once all have read them: with a single token
+block the program advances them itself (one launch per decode step); with several, the
+launcher advances them after the kernel. A sequence whose cache would overflow
+(`lengths[b] + T_new > N`) is left untouched, counters included.
 """
 
 from __future__ import annotations
@@ -13,10 +17,13 @@ import torch
 import triton
 import triton.language as tl
 
+from vase_triton.backend import interpreter_enabled
+from vase_triton.cache_tensors import CacheTensors
 from vase_triton.config import VALUE_STATS
 
-# Work per program is one [BLOCK_H, BLOCK_D] tile per new token: cap its size.
+# Elements of one [BLOCK_H, BLOCK_T, BLOCK_D] tile (per program iteration).
 _MAX_TILE = 4096
+_INTERPRETER_MAX_TILE = 65536
 
 
 @triton.jit
@@ -45,88 +52,97 @@ def _cache_append_kernel(
     # meta-parameters
     STAT: tl.constexpr,
     ACC_FP64: tl.constexpr,
+    UPDATE_COUNTERS: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     batch = tl.program_id(0).to(tl.int64)
+    offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     length = tl.load(lengths_ptr + batch)
     next_position = tl.load(next_positions_ptr + batch)
     fits = length + new_len <= capacity
 
-    # A sequence that would overflow writes no head at all.
-    heads_written = tl.where(fits, num_heads, 0)
-
     offs_d = tl.arange(0, BLOCK_D).to(tl.int64)
     mask_d = offs_d < head_dim
+    mask_t = offs_t < tl.where(fits, new_len, 0)  # a sequence that would overflow writes nothing
+    slots = (length + offs_t).to(tl.int64)  # [BLOCK_T]
+    tok = offs_t.to(tl.int64)[None, :, None]  # [1, BLOCK_T, 1]
+    dim = offs_d[None, None, :]  # [1, 1, BLOCK_D]
     for head_start in range(0, num_heads, BLOCK_H):
-        offs_h = (head_start + tl.arange(0, BLOCK_H)).to(tl.int64)
-        mask_h = offs_h < heads_written
-        mask_hd = mask_h[:, None] & mask_d[None, :]  # [BLOCK_H, BLOCK_D]
-        for t in range(0, new_len):
-            slot = (length + t).to(tl.int64)
+        offs_h = (head_start + tl.arange(0, BLOCK_H)).to(tl.int64)  # [BLOCK_H]
+        head = offs_h[:, None, None]  # [BLOCK_H, 1, 1]
+        mask_ht = (offs_h < num_heads)[:, None] & mask_t[None, :]  # [BLOCK_H, BLOCK_T]
+        mask = mask_ht[:, :, None] & mask_d[None, None, :]  # [BLOCK_H, BLOCK_T, BLOCK_D]
+        src_k = new_keys_ptr + batch * stride_nkb + head * stride_nkh + tok * stride_nkt + dim * stride_nkd
+        src_v = new_values_ptr + batch * stride_nvb + head * stride_nvh + tok * stride_nvt + dim * stride_nvd
+        k = tl.load(src_k, mask=mask, other=0.0)  # [BLOCK_H, BLOCK_T, BLOCK_D]
+        v = tl.load(src_v, mask=mask, other=0.0)  # [BLOCK_H, BLOCK_T, BLOCK_D]
+        slot = slots[None, :, None]
+        tl.store(keys_ptr + batch * stride_kb + head * stride_kh + slot * stride_kc + dim * stride_kd, k, mask=mask)
+        tl.store(values_ptr + batch * stride_vb + head * stride_vh + slot * stride_vc + dim * stride_vd, v, mask=mask)
 
-            rows_h = offs_h[:, None]
-            cols_d = offs_d[None, :]
-            src_k = new_keys_ptr + batch * stride_nkb + rows_h * stride_nkh + t * stride_nkt + cols_d * stride_nkd
-            src_v = new_values_ptr + batch * stride_nvb + rows_h * stride_nvh + t * stride_nvt + cols_d * stride_nvd
-            k = tl.load(src_k, mask=mask_hd, other=0.0)  # [BLOCK_H, BLOCK_D]
-            v = tl.load(src_v, mask=mask_hd, other=0.0)  # [BLOCK_H, BLOCK_D]
-            dst_k = keys_ptr + batch * stride_kb + rows_h * stride_kh + slot * stride_kc + cols_d * stride_kd
-            dst_v = values_ptr + batch * stride_vb + rows_h * stride_vh + slot * stride_vc + cols_d * stride_vd
-            tl.store(dst_k, k, mask=mask_hd)
-            tl.store(dst_v, v, mask=mask_hd)
+        if ACC_FP64:
+            vf = v.to(tl.float64)
+        else:
+            vf = v.to(tl.float32)
+        in_d = mask_d[None, None, :]
+        if STAT == 0:  # range: max - min
+            hi = tl.max(tl.where(in_d, vf, float("-inf")), axis=2)
+            lo = tl.min(tl.where(in_d, vf, float("inf")), axis=2)
+            magnitude = hi - lo  # [BLOCK_H, BLOCK_T]
+        elif STAT == 1:  # absmax
+            magnitude = tl.max(tl.abs(vf), axis=2)
+        elif STAT == 2:  # l2 norm
+            magnitude = tl.sqrt(tl.sum(vf * vf, axis=2))
+        else:  # population variance
+            mean = tl.sum(vf, axis=2) / head_dim
+            centred = tl.where(in_d, vf - mean[:, :, None], 0.0)
+            magnitude = tl.sum(centred * centred, axis=2) / head_dim
 
-            if ACC_FP64:
-                vf = v.to(tl.float64)
-            else:
-                vf = v.to(tl.float32)
-            if STAT == 0:  # range: max - min
-                hi = tl.max(tl.where(mask_d[None, :], vf, float("-inf")), axis=1)
-                lo = tl.min(tl.where(mask_d[None, :], vf, float("inf")), axis=1)
-                magnitude = hi - lo  # [BLOCK_H]
-            elif STAT == 1:  # absmax
-                magnitude = tl.max(tl.abs(vf), axis=1)
-            elif STAT == 2:  # l2 norm
-                magnitude = tl.sqrt(tl.sum(vf * vf, axis=1))
-            else:  # population variance
-                mean = tl.sum(vf, axis=1) / head_dim
-                centred = tl.where(mask_d[None, :], vf - mean[:, None], 0.0)
-                magnitude = tl.sum(centred * centred, axis=1) / head_dim
+        slot_ht = slots[None, :]  # [1, BLOCK_T]
+        dst_m = magnitudes_ptr + batch * stride_mb + offs_h[:, None] * stride_mh + slot_ht * stride_mc
+        dst_p = positions_ptr + batch * stride_pb + offs_h[:, None] * stride_ph + slot_ht * stride_pc
+        position = tl.zeros([BLOCK_H, BLOCK_T], dtype=tl.int32) + (next_position + offs_t)[None, :]
+        tl.store(dst_m, magnitude.to(tl.float32), mask=mask_ht)
+        tl.store(dst_p, position, mask=mask_ht)
 
-            dst_m = magnitudes_ptr + batch * stride_mb + offs_h * stride_mh + slot * stride_mc
-            dst_p = positions_ptr + batch * stride_pb + offs_h * stride_ph + slot * stride_pc
-            tl.store(dst_m, magnitude.to(tl.float32), mask=mask_h)
-            tl.store(dst_p, tl.zeros([BLOCK_H], dtype=tl.int32) + (next_position + t), mask=mask_h)
-
-    tl.store(lengths_ptr + batch, tl.where(fits, length + new_len, length))
-    tl.store(next_positions_ptr + batch, tl.where(fits, next_position + new_len, next_position))
+    if UPDATE_COUNTERS:
+        tl.store(lengths_ptr + batch, tl.where(fits, length + new_len, length))
+        tl.store(next_positions_ptr + batch, tl.where(fits, next_position + new_len, next_position))
 
 
-def cache_append_triton(
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    magnitudes: torch.Tensor,
-    positions: torch.Tensor,
-    lengths: torch.Tensor,
-    next_positions: torch.Tensor,
-    new_keys: torch.Tensor,
-    new_values: torch.Tensor,
-    value_stat: str,
-) -> None:
-    """Launch the append kernel: one program per sequence of the `[B, Hkv, C, D]` cache."""
+def _append_tiles(num_heads: int, new_len: int, head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_H, BLOCK_T, BLOCK_D): all heads of one token per tile when decoding, token blocks otherwise."""
+    block_d = triton.next_power_of_2(head_dim)
+    pairs = max(1, (_INTERPRETER_MAX_TILE if interpreter_enabled() else _MAX_TILE) // block_d)  # (head, token) pairs
+    block_h = max(1, min(triton.next_power_of_2(num_heads), pairs))
+    block_t = max(1, min(triton.next_power_of_2(new_len), pairs // block_h))
+    return block_h, block_t, block_d
+
+
+def cache_append_triton(cache: CacheTensors, new_keys: torch.Tensor, new_values: torch.Tensor, value_stat: str) -> None:
+    """Launch the append kernel on a validated cache (`[B, Hkv, N, D]`) and `[B, Hkv, T_new, D]` new tokens."""
+    keys, values, _, magnitudes, positions, lengths, next_positions = cache
     batch, num_heads, capacity, head_dim = keys.shape
     new_len = new_keys.shape[2]
     if batch == 0 or new_len == 0:
         return
-    block_d = triton.next_power_of_2(head_dim)
-    block_h = max(1, min(triton.next_power_of_2(num_heads), _MAX_TILE // block_d))
-    _cache_append_kernel[(batch,)](
+    block_h, block_t, block_d = _append_tiles(num_heads, new_len, head_dim)
+    token_blocks = triton.cdiv(new_len, block_t)
+    _cache_append_kernel[(batch, token_blocks)](
         keys, values, magnitudes, positions, lengths, next_positions, new_keys, new_values,
         num_heads, capacity, new_len, head_dim,
         *keys.stride(), *values.stride(), *new_keys.stride(), *new_values.stride(),
         *magnitudes.stride(), *positions.stride(),
         STAT=VALUE_STATS.index(value_stat),
         ACC_FP64=keys.dtype == torch.float64,
+        UPDATE_COUNTERS=token_blocks == 1,
         BLOCK_H=block_h,
+        BLOCK_T=block_t,
         BLOCK_D=block_d,
-    )
+    )  # fmt: skip
+    if token_blocks > 1:
+        step = torch.where(lengths + new_len <= capacity, new_len, 0).to(lengths.dtype)
+        lengths.add_(step)
+        next_positions.add_(step)

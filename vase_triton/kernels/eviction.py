@@ -2,15 +2,20 @@
 
 Two launches share the work of one eviction:
 
-- `_evict_select_kernel` holds `BLOCK_R` whole rows (one row = one `(b, kv_head)`) in
-  registers and picks exactly `budget` survivors per evicted row: the sinks, the
-  `n_protect` largest value magnitudes among the other candidates, the largest
-  `budget - window - n_sink - n_protect` Gumbel-perturbed importance keys among the
-  rest, and the recent window. Each "largest `m`" is an exact threshold found by
-  bisection on the order-preserving int32 image of the float32 keys (32 rounds of
-  `tl.sum(key >= t)`), ties at the threshold filled in slot order with `tl.cumsum`.
-  It writes, per row, the source slot of each destination slot `[0, budget)` and a
-  flag saying whether the row is evicted at all.
+- Selection picks exactly `budget` survivors per evicted row (one row = one
+  `(b, kv_head)`): the sinks, the largest value magnitudes among the other candidates
+  (`n_protect` in all, sinks included), the largest Gumbel-perturbed importance keys among
+  the rest up to `budget - window` kept candidates, and the recent window. Each "largest
+  `m`" is an exact threshold found by bisection on the order-preserving int32 image of the
+  float32 keys (32 rounds of counting `key >= t`), ties at the threshold filled in slot
+  order with `tl.cumsum`. It writes, per row, the source slot of each destination slot
+  `[0, budget)` and a flag saying whether the row is evicted at all.
+  - `_evict_select_kernel` holds `BLOCK_R` whole rows in registers: the fast path, used
+    while a row fits (`N <= _MAX_RESIDENT_SLOTS`, every decode-time eviction).
+  - `_evict_select_tiled_kernel` walks a row in `BLOCK_N` tiles through an int32 key
+    scratch and an int8 state scratch (one program per row), for long prompts: its
+    register use and its compiled variants do not depend on `N`.
+  Both draw the same philox numbers (offset `row * N + slot`), so they select the same slots.
 - `_evict_compact_kernel` moves the survivors down in place, one program per
   `(BLOCK_R rows, BLOCK_D slice of D)` (one row per program on GPU; many under the
   interpreter): destination slots are walked in increasing order and a survivor's
@@ -25,20 +30,32 @@ the second launch without racing with the heads that still read it.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
 from vase_triton.backend import interpreter_enabled
+from vase_triton.cache_tensors import CacheTensors
+from vase_triton.config import MIN_TEMPERATURE
 
 # Uniforms are clamped into [_U_MIN, _U_MAX] before the Gumbel transform, so that
 # -log(-log(u)) is finite; the reference clamps identically.
 _U_MIN = tl.constexpr(1.1754943508222875e-38)
 _U_MAX = tl.constexpr(1.0 - 2.0**-24)
+# Selection states of the tiled kernel's scratch.
+_ELIGIBLE = tl.constexpr(0)
+_KEPT = tl.constexpr(1)
+_OUTSIDE = tl.constexpr(2)
 
 # Elements of a [BLOCK_R, BLOCK_N] selection tile per warp on GPU (16 per thread, so that the
 # half-dozen live [BLOCK_R, BLOCK_N] keys and masks stay in registers): sets num_warps.
 _SELECT_ELEMENTS_PER_WARP = 512
+# Longest row the in-register selection holds (sm_90: no spills up to here); longer rows
+# take the tiled kernel with `_TILED_BLOCK_N`-slot tiles.
+_MAX_RESIDENT_SLOTS = 8192
+_TILED_BLOCK_N = 2048
 # Interpreter: rows are batched into one program up to this many selection elements
 # (and 16x as many compaction elements), since its cost grows with programs x operations.
 _INTERPRETER_TILE = 65536
@@ -76,6 +93,25 @@ def _select_largest(ordered, eligible, count, BLOCK_R: tl.constexpr):
 
 
 @triton.jit
+def _selection_key(weight, rows, slots, num_slots, noise_ptrs, noise_mask, inv_temperature, philox_seed,
+                   STOCHASTIC: tl.constexpr, HAS_NOISE: tl.constexpr):
+    """Selection key of weights `weight` [.., BLOCK_N]: `log(w)/tau + Gumbel`, or `w` when deterministic."""
+    if STOCHASTIC:
+        if HAS_NOISE:
+            uniform = tl.load(noise_ptrs, mask=noise_mask, other=0.5)
+        else:
+            uniform = tl.rand(philox_seed, rows * num_slots + slots)
+        uniform = tl.minimum(tl.maximum(uniform, _U_MIN), _U_MAX)
+        gumbel = -tl.log(-tl.log(uniform))
+        positive = weight > 0
+        log_weight = tl.log(tl.where(positive, weight, 1.0))
+        key = tl.where(positive, log_weight * inv_temperature + gumbel, float("-inf"))
+    else:
+        key = tl.where(weight == weight, weight, float("-inf"))
+    return key
+
+
+@triton.jit
 def _evict_select_kernel(
     # pointers
     importance_ptr,
@@ -91,7 +127,7 @@ def _evict_select_kernel(
     budget,
     window,
     n_sink,
-    n_protect,
+    n_large,
     trigger_length,
     inv_temperature,
     philox_seed,
@@ -122,32 +158,21 @@ def _evict_select_kernel(
         sink = candidate & (slots[None, :] < n_sink)
         recent = in_row & (slots[None, :] >= n_candidates[:, None]) & (slots[None, :] < length[:, None])
 
-        # 1. value protection: the n_protect largest magnitudes among the non-sink candidates.
+        # 1. value protection: the n_large largest magnitudes among the non-sink candidates.
         protected = slots[None, :] < tl.zeros([BLOCK_R, 1], tl.int32)  # [BLOCK_R, BLOCK_N], all False
-        if n_protect > 0:
+        if n_large > 0:
             mag_rows = magnitudes_ptr + batch * stride_mb + head * stride_mh  # [BLOCK_R]
             magnitude = tl.load(mag_rows[:, None] + slots[None, :] * stride_mn, mask=candidate, other=0.0)
             magnitude = tl.where(magnitude == magnitude, magnitude, float("-inf"))
-            protected = _select_largest(_ordered_bits(magnitude), candidate & ~sink, n_protect, BLOCK_R)
+            protected = _select_largest(_ordered_bits(magnitude), candidate & ~sink, n_large, BLOCK_R)
 
         # 2. importance keys: log(w)/tau + Gumbel noise, or w itself when deterministic.
         imp_ptrs = importance_ptr + batch[:, None] * stride_ib + head[:, None] * stride_ih + slots[None, :] * stride_in
         weight = tl.load(imp_ptrs, mask=candidate, other=0.0)  # [BLOCK_R, BLOCK_N]
-        if STOCHASTIC:
-            if HAS_NOISE:
-                noise_rows = noise_ptr + batch * stride_ub + head * stride_uh  # [BLOCK_R]
-                noise_ptrs = noise_rows[:, None] + slots[None, :] * stride_un
-                uniform = tl.load(noise_ptrs, mask=candidate, other=0.5)
-            else:
-                uniform = tl.rand(philox_seed, rows[:, None] * num_slots + slots[None, :])
-            uniform = tl.minimum(tl.maximum(uniform, _U_MIN), _U_MAX)
-            gumbel = -tl.log(-tl.log(uniform))
-            positive = weight > 0
-            log_weight = tl.log(tl.where(positive, weight, 1.0))
-            key = tl.where(positive, log_weight * inv_temperature + gumbel, float("-inf"))
-        else:
-            key = tl.where(weight == weight, weight, float("-inf"))
-        k_sampled = budget - window - n_sink - n_protect
+        noise_ptrs = noise_ptr + batch[:, None] * stride_ub + head[:, None] * stride_uh + slots[None, :] * stride_un
+        key = _selection_key(weight, rows[:, None], slots[None, :], num_slots, noise_ptrs, candidate,
+                             inv_temperature, philox_seed, STOCHASTIC, HAS_NOISE)
+        k_sampled = budget - window - n_sink - n_large
         sampled = _select_largest(_ordered_bits(key), candidate & ~sink & ~protected, k_sampled, BLOCK_R)
 
         # 3. survivors in temporal order: destination = number of survivors before the slot.
@@ -155,6 +180,142 @@ def _evict_select_kernel(
         destination = tl.cumsum(keep.to(tl.int32), axis=1) - 1
         src_ptrs = sources_ptr + rows[:, None] * budget + destination
         tl.store(src_ptrs, slots[None, :] + tl.zeros([BLOCK_R, BLOCK_N], tl.int32), mask=keep & evict[:, None])
+
+
+@triton.jit
+def _tiled_threshold(bits_row, state_row, num_slots, count, BLOCK_N: tl.constexpr):
+    """(threshold, number above it) of the `count` largest `bits` among `_ELIGIBLE` slots of one row.
+
+    `bits_row`, `state_row`: pointers to the row's int32 keys and int8 states in scratch.
+    """
+    offs = tl.arange(0, BLOCK_N)
+    lo = tl.full([1], -2147483648, tl.int64)
+    hi = tl.full([1], 2147483647, tl.int64)
+    for _ in range(32):
+        mid = lo + (hi - lo + 1) // 2
+        n_at_least = tl.zeros([1], tl.int32)
+        for start in range(0, num_slots, BLOCK_N):
+            slots = start + offs
+            in_row = slots < num_slots
+            bits = tl.load(bits_row + slots, mask=in_row, other=0)
+            eligible = tl.load(state_row + slots, mask=in_row, other=_OUTSIDE) == _ELIGIBLE
+            n_at_least += tl.sum((eligible & (bits >= mid.to(tl.int32))).to(tl.int32), axis=0)
+        enough = n_at_least >= count
+        lo = tl.where(enough, mid, lo)
+        hi = tl.where(enough, hi, mid - 1)
+    threshold = lo.to(tl.int32)
+    n_above = tl.zeros([1], tl.int32)
+    for start in range(0, num_slots, BLOCK_N):
+        slots = start + offs
+        in_row = slots < num_slots
+        bits = tl.load(bits_row + slots, mask=in_row, other=0)
+        eligible = tl.load(state_row + slots, mask=in_row, other=_OUTSIDE) == _ELIGIBLE
+        n_above += tl.sum((eligible & (bits > threshold)).to(tl.int32), axis=0)
+    return threshold, n_above
+
+
+@triton.jit
+def _take_largest(bits, eligible, threshold, n_above, ties_before, count):
+    """Tile part of the `count` largest: above the threshold, or tied and early enough in slot order.
+
+    Returns `(chosen mask [BLOCK_N], ties seen up to the end of this tile)`.
+    """
+    ties = eligible & (bits == threshold)
+    tie_rank = ties_before + tl.cumsum(ties.to(tl.int32), axis=0)
+    chosen = (eligible & (bits > threshold)) | (ties & (tie_rank <= count - n_above))
+    return chosen, ties_before + tl.sum(ties.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _evict_select_tiled_kernel(
+    # pointers
+    importance_ptr,
+    magnitudes_ptr,
+    noise_ptr,
+    lengths_ptr,
+    sources_ptr,
+    flags_ptr,
+    bits_ptr,
+    state_ptr,
+    # sizes
+    num_heads,
+    num_slots,
+    budget,
+    window,
+    n_sink,
+    n_large,
+    trigger_length,
+    inv_temperature,
+    philox_seed,
+    # strides
+    stride_ib, stride_ih, stride_in,
+    stride_mb, stride_mh, stride_mn,
+    stride_ub, stride_uh, stride_un,
+    # meta-parameters
+    STOCHASTIC: tl.constexpr,
+    HAS_NOISE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    batch = row // num_heads
+    head = row % num_heads
+    length = tl.minimum(tl.load(lengths_ptr + batch).to(tl.int32), num_slots)
+    evict = length >= trigger_length
+    tl.store(flags_ptr + row, evict.to(tl.int8))
+    if evict:
+        offs = tl.arange(0, BLOCK_N)
+        n_candidates = length - window
+        bits_row = bits_ptr + row * num_slots
+        state_row = state_ptr + row * num_slots
+        mag_row = magnitudes_ptr + batch * stride_mb + head * stride_mh
+        imp_row = importance_ptr + batch * stride_ib + head * stride_ih
+        noise_row = noise_ptr + batch * stride_ub + head * stride_uh
+
+        # 1. magnitudes of the non-sink candidates; sinks and the window are kept outright.
+        for start in range(0, num_slots, BLOCK_N):
+            slots = start + offs
+            in_row = slots < num_slots
+            candidate = slots < n_candidates
+            magnitude = tl.load(mag_row + slots * stride_mn, mask=candidate, other=0.0)
+            magnitude = tl.where(magnitude == magnitude, magnitude, float("-inf"))
+            state = tl.where(candidate & (slots >= n_sink), _ELIGIBLE, tl.where(slots < length, _KEPT, _OUTSIDE))
+            tl.store(bits_row + slots, _ordered_bits(magnitude), mask=in_row)
+            tl.store(state_row + slots, state.to(tl.int8), mask=in_row)
+
+        # 2. protect the n_large largest magnitudes; replace magnitudes by selection keys.
+        threshold = tl.full([1], 2147483647, tl.int32)
+        n_above = tl.zeros([1], tl.int32)
+        if n_large > 0:
+            threshold, n_above = _tiled_threshold(bits_row, state_row, num_slots, n_large, BLOCK_N)
+        ties_before = tl.zeros([1], tl.int32)
+        for start in range(0, num_slots, BLOCK_N):
+            slots = start + offs
+            in_row = slots < num_slots
+            bits = tl.load(bits_row + slots, mask=in_row, other=0)
+            state = tl.load(state_row + slots, mask=in_row, other=_OUTSIDE)
+            eligible = state == _ELIGIBLE
+            protected, ties_before = _take_largest(bits, eligible, threshold, n_above, ties_before, n_large)
+            weight = tl.load(imp_row + slots * stride_in, mask=eligible, other=0.0)
+            key = _selection_key(weight, row, slots, num_slots, noise_row + slots * stride_un, eligible,
+                                 inv_temperature, philox_seed, STOCHASTIC, HAS_NOISE)
+            tl.store(bits_row + slots, _ordered_bits(key), mask=in_row)
+            tl.store(state_row + slots, tl.where(protected, _KEPT, state).to(tl.int8), mask=in_row)
+
+        # 3. sample (or take the top of) the rest; survivors in temporal order.
+        k_sampled = budget - window - n_sink - n_large
+        threshold, n_above = _tiled_threshold(bits_row, state_row, num_slots, k_sampled, BLOCK_N)
+        ties_before = tl.zeros([1], tl.int32)
+        kept_before = tl.zeros([1], tl.int32)
+        for start in range(0, num_slots, BLOCK_N):
+            slots = start + offs
+            in_row = slots < num_slots
+            bits = tl.load(bits_row + slots, mask=in_row, other=0)
+            state = tl.load(state_row + slots, mask=in_row, other=_OUTSIDE)
+            sampled, ties_before = _take_largest(bits, state == _ELIGIBLE, threshold, n_above, ties_before, k_sampled)
+            keep = (state == _KEPT) | sampled
+            destination = kept_before + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+            tl.store(sources_ptr + row * budget + destination, slots.to(tl.int32), mask=keep)
+            kept_before += tl.sum(keep.to(tl.int32), axis=0)
 
 
 @triton.jit
@@ -238,25 +399,23 @@ def _evict_compact_kernel(
             if KEEP_SCORES:
                 tl.store(s_rows[:, None] + dst[None, :] * stride_sn, score, mask=move_token)
 
-        for start in range(0, num_slots, BLOCK_M):
+        # Freed slots: position -1 and, when scores travel with their tokens, score 0 (otherwise
+        # the launcher resets every score after this kernel).
+        for start in range(budget, num_slots, BLOCK_M):
             slot = start + tl.arange(0, BLOCK_M)  # [BLOCK_M]
-            in_row = owner[:, None] & (slot[None, :] < num_slots)  # [BLOCK_R, BLOCK_M]
-            freed = in_row & (slot[None, :] >= budget)
-            if KEEP_SCORES:
-                cleared = freed
-            else:
-                cleared = in_row
+            freed = owner[:, None] & (slot[None, :] < num_slots)  # [BLOCK_R, BLOCK_M]
             slot = slot.to(tl.int64)
             freed_position = tl.full([BLOCK_R, BLOCK_M], -1, tl.int32)
             tl.store(p_rows[:, None] + slot[None, :] * stride_pn, freed_position, mask=freed)
-            zero_score = tl.zeros([BLOCK_R, BLOCK_M], tl.float32)
-            tl.store(s_rows[:, None] + slot[None, :] * stride_sn, zero_score, mask=cleared)
+            if KEEP_SCORES:
+                zero_score = tl.zeros([BLOCK_R, BLOCK_M], tl.float32)
+                tl.store(s_rows[:, None] + slot[None, :] * stride_sn, zero_score, mask=freed)
         new_length = tl.zeros([BLOCK_R], tl.int32) + budget
         tl.store(lengths_ptr + batch, new_length, mask=owner & (head == 0))
 
 
 def _select_launch(num_rows: int, num_slots: int) -> tuple[int, int, int]:
-    """(BLOCK_R, BLOCK_N, num_warps) of the selection kernel."""
+    """(BLOCK_R, BLOCK_N, num_warps) of the in-register selection kernel."""
     block_n = triton.next_power_of_2(num_slots)
     if interpreter_enabled():
         block_r = max(1, min(triton.next_power_of_2(num_rows), _INTERPRETER_TILE // block_n))
@@ -278,25 +437,24 @@ def _compact_launch(num_rows: int, budget: int, head_dim: int) -> tuple[int, int
 
 
 def evict_triton(
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    scores: torch.Tensor,
-    magnitudes: torch.Tensor,
-    positions: torch.Tensor,
-    lengths: torch.Tensor,
+    cache: CacheTensors,
     importance: torch.Tensor,
+    *,
     budget: int,
     window: int,
     n_sink: int,
     n_protect: int,
     temperature: float,
     seed: int,
-    eviction_index: int,
     keep_scores: bool,
     trigger_length: int,
-    noise: torch.Tensor | None,
+    noise: Optional[torch.Tensor],
 ) -> None:
-    """Launch selection then compaction on validated `[B, Hkv, N, D]` cache tensors, in place."""
+    """Launch selection then compaction on validated cache tensors (`[B, Hkv, N, D]`), in place.
+
+    Arguments as `vase_triton.ops.evict_`.
+    """
+    keys, values, scores, magnitudes, positions, lengths, _ = cache
     batch, num_heads, num_slots, head_dim = keys.shape
     num_rows = batch * num_heads
     if num_rows == 0:
@@ -304,24 +462,33 @@ def evict_triton(
     device = keys.device
     sources = torch.empty((num_rows, budget), dtype=torch.int32, device=device)
     flags = torch.empty((num_rows,), dtype=torch.int8, device=device)
-    stochastic = temperature > 0
+    stochastic = temperature >= MIN_TEMPERATURE
     noise_arg = noise if noise is not None else importance
-
-    block_r, block_n, select_warps = _select_launch(num_rows, num_slots)
-    _evict_select_kernel[(triton.cdiv(num_rows, block_r),)](
-        importance, magnitudes, noise_arg, lengths, sources, flags,
-        num_rows, num_heads, num_slots, budget, window, n_sink, n_protect, trigger_length,
-        (1.0 / temperature) if stochastic else 1.0,
-        seed * 2**32 + eviction_index,
+    n_large = max(0, n_protect - n_sink)
+    shared = (
+        budget, window, n_sink, n_large, trigger_length, (1.0 / temperature) if stochastic else 1.0, seed,
         importance.stride(0), importance.stride(1), importance.stride(2),
         magnitudes.stride(0), magnitudes.stride(1), magnitudes.stride(2),
         noise_arg.stride(0), noise_arg.stride(1), noise_arg.stride(2),
-        STOCHASTIC=stochastic,
-        HAS_NOISE=noise is not None,
-        BLOCK_R=block_r,
-        BLOCK_N=block_n,
-        num_warps=select_warps,
     )
+
+    if num_slots <= _MAX_RESIDENT_SLOTS:
+        block_r, block_n, select_warps = _select_launch(num_rows, num_slots)
+        _evict_select_kernel[(triton.cdiv(num_rows, block_r),)](
+            importance, magnitudes, noise_arg, lengths, sources, flags,
+            num_rows, num_heads, num_slots, *shared,
+            STOCHASTIC=stochastic, HAS_NOISE=noise is not None, BLOCK_R=block_r, BLOCK_N=block_n,
+            num_warps=select_warps,
+        )  # fmt: skip
+    else:
+        bits = torch.empty((num_rows, num_slots), dtype=torch.int32, device=device)
+        state = torch.empty((num_rows, num_slots), dtype=torch.int8, device=device)
+        _evict_select_tiled_kernel[(num_rows,)](
+            importance, magnitudes, noise_arg, lengths, sources, flags, bits, state,
+            num_heads, num_slots, *shared,
+            STOCHASTIC=stochastic, HAS_NOISE=noise is not None, BLOCK_N=_TILED_BLOCK_N,
+            num_warps=8,
+        )  # fmt: skip
 
     block_r, block_m, block_d, compact_warps = _compact_launch(num_rows, budget, head_dim)
     _evict_compact_kernel[(triton.cdiv(num_rows, block_r), triton.cdiv(head_dim, block_d))](
@@ -338,3 +505,5 @@ def evict_triton(
         BLOCK_D=block_d,
         num_warps=compact_warps,
     )
+    if not keep_scores:
+        scores.zero_()

@@ -20,3 +20,12 @@ def online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
+
+
+@triton.jit
+def online_logsumexp_step(s, m_i, l_i):
+    """`online_softmax_step` without values: fold key block logits `s` [ROWS, BLOCK_N] into `(m_i, l_i)`."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    l_i = l_i * tl.exp2(m_i - m_safe) + tl.sum(tl.exp2(s - m_safe[:, None]), axis=1)
+    return m_new, l_i

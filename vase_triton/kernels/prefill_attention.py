@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from vase_triton.backend import interpreter_enabled
-from vase_triton.kernels.online_softmax import online_softmax_step
+from vase_triton.kernels.online_softmax import online_logsumexp_step, online_softmax_step
 
 _LOG2E = 1.4426950408889634
 
@@ -42,32 +42,41 @@ def _attend_key_block(
     # strides
     stride_kt, stride_vt,
     # meta-parameters
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, WRITE_OUT: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Attend the query block `q` [BLOCK_M, HEAD_DIM] to keys `cols` [BLOCK_N]; returns `(m_i, l_i, acc)`.
 
     An unmasked block lies wholly inside every row's visible range; a masked one hides keys
     at or past `seq_len` and, when causal, those after each row's position `q_pos` [BLOCK_M].
+    Without `WRITE_OUT` only the log-sum-exp state advances (values are not read).
     """
     k_ptrs = k_base + cols[:, None] * stride_kt + offs_d[None, :]
-    v_ptrs = v_base + cols[:, None] * stride_vt + offs_d[None, :]
+    col_valid = cols < seq_len
     if MASKED:
-        col_valid = cols < seq_len
         k = tl.load(k_ptrs, mask=col_valid[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
-        v = tl.load(v_ptrs, mask=col_valid[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
     else:
         k = tl.load(k_ptrs)  # [BLOCK_N, HEAD_DIM]
-        v = tl.load(v_ptrs)  # [BLOCK_N, HEAD_DIM]
     if UPCAST:
         k = k.to(tl.float32)
-        v = v.to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
     if MASKED:
         visible = col_valid[None, :]
         if CAUSAL:
             visible = visible & (cols[None, :] <= q_pos[:, None])
         s = tl.where(visible, s, float("-inf"))
-    return online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION)
+    if WRITE_OUT:
+        v_ptrs = v_base + cols[:, None] * stride_vt + offs_d[None, :]
+        if MASKED:
+            v = tl.load(v_ptrs, mask=col_valid[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
+        else:
+            v = tl.load(v_ptrs)  # [BLOCK_N, HEAD_DIM]
+        if UPCAST:
+            v = v.to(tl.float32)
+        m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION)
+    else:
+        m_i, l_i = online_logsumexp_step(s, m_i, l_i)
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -107,6 +116,7 @@ def _prefill_forward_kernel(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_KV_LENS: tl.constexpr,
+    WRITE_OUT: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -150,13 +160,13 @@ def _prefill_forward_kernel(
         m_i, l_i, acc = _attend_key_block(
             q, k_base, v_base, start_n + offs_n, offs_d, q_pos, seq_len, qk_scale, m_i, l_i, acc,
             stride_kt, stride_vt,
-            MASKED=False, CAUSAL=CAUSAL, UPCAST=UPCAST, DOT_PRECISION=DOT_PRECISION,
+            MASKED=False, CAUSAL=CAUSAL, WRITE_OUT=WRITE_OUT, UPCAST=UPCAST, DOT_PRECISION=DOT_PRECISION,
         )  # fmt: skip
     for start_n in range(full_end, stop, BLOCK_N):
         m_i, l_i, acc = _attend_key_block(
             q, k_base, v_base, start_n + offs_n, offs_d, q_pos, seq_len, qk_scale, m_i, l_i, acc,
             stride_kt, stride_vt,
-            MASKED=True, CAUSAL=CAUSAL, UPCAST=UPCAST, DOT_PRECISION=DOT_PRECISION,
+            MASKED=True, CAUSAL=CAUSAL, WRITE_OUT=WRITE_OUT, UPCAST=UPCAST, DOT_PRECISION=DOT_PRECISION,
         )  # fmt: skip
 
     seen = l_i > 0.0
@@ -164,12 +174,13 @@ def _prefill_forward_kernel(
     out = acc * inv_l[:, None]
     lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
 
-    out_base = out_ptr + batch * stride_ob + head * stride_oh
-    tl.store(
-        out_base + offs_m[:, None] * stride_ot + offs_d[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=row_valid[:, None],
-    )
+    if WRITE_OUT:
+        out_base = out_ptr + batch * stride_ob + head * stride_oh
+        tl.store(
+            out_base + offs_m[:, None] * stride_ot + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_valid[:, None],
+        )
     tl.store(lse_ptr + batch * stride_lb + head * stride_lh + offs_m * stride_lt, lse, mask=row_valid)
 
 
@@ -315,6 +326,45 @@ def _check_buffer(name: str, buffer: torch.Tensor, shape: tuple[int, ...], dtype
         raise ValueError(f"{name}: expected last-dim stride 1; got strides {buffer.stride()}")
 
 
+def _launch_forward(q, k, v, lens, out, lse, scale: float, causal: bool, write_out: bool) -> None:
+    """Forward kernel over `[B, Hq, Tq, D]` queries: `lse` always, `out` when `write_out`."""
+    batch, q_heads, q_len, head_dim = q.shape
+    upcast, precision = _dot_settings(q.dtype)
+    cfg = _forward_config(head_dim, q.dtype, q_len)
+    _prefill_forward_kernel[(triton.cdiv(q_len, cfg.block_m), batch * q_heads)](
+        q, k, v, lens if lens is not None else q, out, lse,
+        q_heads, q_len, k.shape[2], q_heads // k.shape[1], float(scale) * _LOG2E,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1), lse.stride(2),
+        HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        CAUSAL=causal, HAS_KV_LENS=lens is not None, WRITE_OUT=write_out, UPCAST=upcast, DOT_PRECISION=precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def _launch_scores(q, k, lse, lens, scores, scale: float, causal: bool, window: int) -> None:
+    """Scores kernel: the probability mass of the last `window` queries of `q`, per key, into `scores`."""
+    batch, q_heads, q_len, head_dim = q.shape
+    kv_heads, k_len = k.shape[1], k.shape[2]
+    group = q_heads // kv_heads
+    upcast, precision = _dot_settings(q.dtype)
+    cfg = _scores_config(head_dim, q.dtype, group * window)
+    _prefill_scores_kernel[(triton.cdiv(k_len, cfg.block_n), batch * kv_heads)](
+        q, k, lse, lens if lens is not None else q, scores,
+        kv_heads, q_len, k_len, group, window, float(scale) * _LOG2E,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        lse.stride(0), lse.stride(1), lse.stride(2),
+        scores.stride(0), scores.stride(1), scores.stride(2),
+        HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        CAUSAL=causal, HAS_KV_LENS=lens is not None, UPCAST=upcast, DOT_PRECISION=precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
 def prefill_attention_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -344,7 +394,6 @@ def prefill_attention_triton(
     q, k, v = _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
     batch, q_heads, q_len, head_dim = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
-    group = q_heads // kv_heads
     score_len = k_len if score_window > 0 else 0
 
     if out is None:
@@ -359,36 +408,42 @@ def prefill_attention_triton(
     if out.numel() == 0:
         return out, lse, scores
 
-    has_lens = kv_lens is not None
-    lens_arg = kv_lens.contiguous() if has_lens else q
-    qk_scale = float(scale) * _LOG2E
-    upcast, precision = _dot_settings(q.dtype)
-
-    cfg = _forward_config(head_dim, q.dtype, q_len)
-    _prefill_forward_kernel[(triton.cdiv(q_len, cfg.block_m), batch * q_heads)](
-        q, k, v, lens_arg, out, lse,
-        q_heads, q_len, k_len, group, qk_scale,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        lse.stride(0), lse.stride(1), lse.stride(2),
-        HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        CAUSAL=causal, HAS_KV_LENS=has_lens, UPCAST=upcast, DOT_PRECISION=precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
-
+    lens = kv_lens.contiguous() if kv_lens is not None else None
+    _launch_forward(q, k, v, lens, out, lse, scale, causal, write_out=True)
     if score_window > 0:
-        cfg = _scores_config(head_dim, q.dtype, group * score_window)
-        _prefill_scores_kernel[(triton.cdiv(k_len, cfg.block_n), batch * kv_heads)](
-            q, k, lse, lens_arg, scores,
-            kv_heads, q_len, k_len, group, score_window, qk_scale,
-            q.stride(0), q.stride(1), q.stride(2),
-            k.stride(0), k.stride(1), k.stride(2),
-            lse.stride(0), lse.stride(1), lse.stride(2),
-            scores.stride(0), scores.stride(1), scores.stride(2),
-            HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            CAUSAL=causal, HAS_KV_LENS=has_lens, UPCAST=upcast, DOT_PRECISION=precision,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )  # fmt: skip
+        _launch_scores(q, k, lse, lens, scores, scale, causal, score_window)
     return out, lse, scores
+
+
+def candidate_attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    candidate_lens: torch.Tensor,
+    scale: float,
+    q_valid: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """Mean attention of a query window over the candidate keys only (`vase_triton.ops.candidate_attention`).
+
+    Two launches, no attention matrix: the forward kernel without values gives each query's
+    log-sum-exp over keys `[0, candidate_lens[b])` (invalid queries then get `-inf`, so they
+    contribute nothing), and the scores kernel sums `exp(logit - lse)` per key.
+
+    Args:
+        q: `[B, Hq, W, D]`; k: `[B, Hkv, N, D]`; candidate_lens: `[B]` int; q_valid: `[B, W]` bool or None.
+
+    Returns:
+        `[B, Hkv, N]` float32, the probability sums divided by `W * Hq / Hkv`.
+    """
+    q, k = _unit_last_stride(q), _unit_last_stride(k)
+    batch, q_heads, window, _ = q.shape
+    kv_heads, num_slots = k.shape[1], k.shape[2]
+    scores = torch.zeros((batch, kv_heads, num_slots), dtype=torch.float32, device=q.device)
+    if batch == 0 or window == 0 or num_slots == 0:
+        return scores
+    lens = candidate_lens.contiguous()
+    lse = torch.empty((batch, q_heads, window), dtype=torch.float32, device=q.device)
+    _launch_forward(q, k, k, lens, q, lse, scale, causal=False, write_out=False)
+    if q_valid is not None:
+        lse.masked_fill_(~q_valid.view(batch, 1, window), float("-inf"))
+    _launch_scores(q, k, lse, lens, scores, scale, causal=False, window=window)
+    return scores.div_(window * (q_heads // kv_heads))

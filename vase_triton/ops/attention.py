@@ -87,6 +87,26 @@ def _decode_attention_fake(q, k_cache, v_cache, cache_lens, scale, scores, part_
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
+@torch.library.custom_op("vase_triton::candidate_attention", mutates_args=())
+def _candidate_attention_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    candidate_lens: torch.Tensor,
+    q_valid: Optional[torch.Tensor],
+    scale: float,
+) -> torch.Tensor:
+    if use_triton(q.device):
+        from vase_triton.kernels.prefill_attention import candidate_attention_triton
+
+        return candidate_attention_triton(q, k, candidate_lens, scale, q_valid)
+    return reference.candidate_attention(q, k, candidate_lens, scale=scale, q_valid=q_valid)
+
+
+@_candidate_attention_op.register_fake
+def _candidate_attention_fake(q, k, candidate_lens, q_valid, scale):
+    return q.new_empty((k.shape[0], k.shape[1], k.shape[2]), dtype=torch.float32)
+
+
 def _check_heads(q: torch.Tensor, k: torch.Tensor, k_name: str) -> None:
     q_heads, kv_heads = q.shape[1], k.shape[1]
     if kv_heads == 0 or q_heads % kv_heads != 0:
@@ -220,6 +240,60 @@ def decode_attention(
             raise ValueError("scores: expected a contiguous tensor (it is updated in place); got a strided view")
     scale = _resolve_scale(scale, q.shape[-1])
     return _decode_attention_op(q, k_cache, v_cache, cache_lens, scale, scores)
+
+
+def candidate_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    candidate_lens: torch.Tensor,
+    *,
+    scale: Optional[float] = None,
+    q_valid: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Mean attention each candidate key receives from a window of queries (softmax over candidates only).
+
+    The importance of `score_mode="recompute"` (the paper's definition): each query's softmax
+    runs over keys `[0, candidate_lens[b])` only, then probabilities are averaged over the
+    `W` queries and the query heads of each KV group. Runs the prefill kernels (a
+    log-sum-exp pass without values, then the scores pass); no attention matrix is stored.
+
+    Args:
+        q: `[B, Hq, W, D]` window queries (after RoPE), fp16, bf16 or fp32.
+        k: `[B, Hkv, N, D]` cached keys, same dtype and device, `Hq % Hkv == 0`.
+        candidate_lens: `[B]` int32/int64 candidates per sequence, in `[0, N]`.
+        scale: softmax scale, default `1 / sqrt(D)`.
+        q_valid: optional `[B, W]` bool: queries that exist; the others contribute nothing
+            (the mean still divides by `W`).
+
+    Returns:
+        `[B, Hkv, N]` float32: the valid queries' probability sums divided by `W * Hq / Hkv`,
+        0 at slots `>= candidate_lens[b]`.
+    """
+    check_rank("q", q, 4, "[B, Hq, W, D]")
+    check_rank("k", k, 4, "[B, Hkv, N, D]")
+    for name, tensor in (("q", q), ("k", k)):
+        check_float_dtype(name, tensor)
+    check_same_dtype(("q", "k"), (q, k))
+    check_tensor("candidate_lens", candidate_lens)
+    if q_valid is not None:
+        check_tensor("q_valid", q_valid)
+    check_same_device(("q", "k", "candidate_lens", "q_valid"), (q, k, candidate_lens, q_valid))
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"k: expected batch size {q.shape[0]} like q; got {k.shape[0]}")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k: expected head dim {q.shape[-1]} like q; got {k.shape[-1]}")
+    _check_heads(q, k, "k")
+    check_head_dim("q", q.shape[-1])
+    check_lengths("candidate_lens", candidate_lens, q.shape[0], 0, k.shape[2])
+    if q_valid is not None:
+        expected = (q.shape[0], q.shape[2])
+        if tuple(q_valid.shape) != expected or q_valid.dtype != torch.bool:
+            raise ValueError(
+                f"q_valid: expected a bool tensor of shape [B, W] = {list(expected)}; "
+                f"got {q_valid.dtype} {list(q_valid.shape)}"
+            )
+    scale = _resolve_scale(scale, q.shape[-1])
+    return _candidate_attention_op(q, k, candidate_lens, q_valid, scale)
 
 
 def decode_workspace(q_heads: int, k_cache: torch.Tensor, dtype: torch.dtype, *, emit_scores: bool) -> tuple:

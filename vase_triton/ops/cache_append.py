@@ -12,15 +12,9 @@ import torch
 
 from vase_triton import reference
 from vase_triton.backend import use_triton
+from vase_triton.cache_tensors import CacheTensors
 from vase_triton.config import VALUE_STATS
-from vase_triton.validation import (
-    FLOAT_DTYPES,
-    check_exact,
-    check_float_dtype,
-    check_rank,
-    check_same_device,
-    check_same_dtype,
-)
+from vase_triton.validation import FLOAT_DTYPES, check_cache_tensors, check_rank, check_same_device, check_same_dtype
 
 _CACHE_DTYPES = FLOAT_DTYPES + (torch.float64,)
 
@@ -32,6 +26,7 @@ _CACHE_DTYPES = FLOAT_DTYPES + (torch.float64,)
 def _append_op(
     keys: torch.Tensor,
     values: torch.Tensor,
+    scores: torch.Tensor,
     magnitudes: torch.Tensor,
     positions: torch.Tensor,
     lengths: torch.Tensor,
@@ -40,64 +35,39 @@ def _append_op(
     new_values: torch.Tensor,
     value_stat: str,
 ) -> None:
+    cache = CacheTensors(keys, values, scores, magnitudes, positions, lengths, next_positions)
     if use_triton(keys.device):
         from vase_triton.kernels.cache_append import cache_append_triton
 
-        cache_append_triton(
-            keys, values, magnitudes, positions, lengths, next_positions, new_keys, new_values, value_stat
-        )
+        cache_append_triton(cache, new_keys, new_values, value_stat)
         return
-    reference.append_(
-        keys, values, magnitudes, positions, lengths, next_positions, new_keys, new_values, value_stat=value_stat
-    )
+    reference.append_(cache, new_keys, new_values, value_stat=value_stat)
 
 
 @_append_op.register_fake
-def _append_fake(keys, values, magnitudes, positions, lengths, next_positions, new_keys, new_values, value_stat):
+def _append_fake(keys, values, scores, magnitudes, positions, lengths, next_positions, new_keys, new_values, value_stat):
     return None
 
 
-def append_(
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    magnitudes: torch.Tensor,
-    positions: torch.Tensor,
-    lengths: torch.Tensor,
-    next_positions: torch.Tensor,
-    new_keys: torch.Tensor,
-    new_values: torch.Tensor,
-    *,
-    value_stat: str,
-) -> None:
+def append_(cache: CacheTensors, new_keys: torch.Tensor, new_values: torch.Tensor, *, value_stat: str) -> None:
     """Append `T_new` tokens to every sequence of a static KV cache, in place.
 
     Sequence `b` gets `new_keys[b]`, `new_values[b]` in slots `[lengths[b], lengths[b] + T_new)`
     of every KV head, their value magnitude (`value_stat` over D, in fp32) in `magnitudes` and
     positions `next_positions[b] + t` in `positions`; then `lengths[b]` and `next_positions[b]`
-    advance by `T_new`. A sequence whose cache would overflow (`lengths[b] + T_new > C`) is left
-    untouched, counters included. Everything is decided on device (no host reads), so the op can
-    run inside `torch.compile` graphs and CUDA graphs.
+    advance by `T_new`. A sequence whose cache would overflow (`lengths[b] + T_new > N`) is left
+    untouched, counters included. Scores are not touched. Everything is decided on device (no
+    host reads), so the op can run inside `torch.compile` graphs and CUDA graphs.
 
     Args:
-        keys, values: `[B, Hkv, C, D]` cache, fp16, bf16, fp32 or fp64.
-        magnitudes: `[B, Hkv, C]` float32.
-        positions: `[B, Hkv, C]` int32 token positions (-1 in empty slots).
-        lengths: `[B]` int32 valid slots per sequence.
-        next_positions: `[B]` int32 position of the next token of each sequence.
-        new_keys, new_values: `[B, Hkv, T_new, D]`, same dtype and device as `keys`.
+        cache: the layer's `CacheTensors` (keys/values `[B, Hkv, N, D]` fp16, bf16, fp32 or fp64).
+        new_keys, new_values: `[B, Hkv, T_new, D]`, same dtype and device as `cache.keys`.
         value_stat: `range`, `absmax`, `l2` or `var`.
     """
-    check_rank("keys", keys, 4, "[B, Hkv, C, D]")
-    check_float_dtype("keys", keys, _CACHE_DTYPES)
-    batch, kv_heads, capacity, head_dim = keys.shape
-    check_exact("values", values, keys.shape, keys.dtype, "[B, Hkv, C, D]")
-    check_exact("magnitudes", magnitudes, (batch, kv_heads, capacity), torch.float32, "[B, Hkv, C]")
-    check_exact("positions", positions, (batch, kv_heads, capacity), torch.int32, "[B, Hkv, C]")
-    check_exact("lengths", lengths, (batch,), torch.int32, "[B]")
-    check_exact("next_positions", next_positions, (batch,), torch.int32, "[B]")
+    batch, kv_heads, _, head_dim = check_cache_tensors(cache, _CACHE_DTYPES)
     check_rank("new_keys", new_keys, 4, "[B, Hkv, T_new, D]")
     check_rank("new_values", new_values, 4, "[B, Hkv, T_new, D]")
-    check_same_dtype(("keys", "new_keys", "new_values"), (keys, new_keys, new_values))
+    check_same_dtype(("cache.keys", "new_keys", "new_values"), (cache.keys, new_keys, new_values))
     expected = (batch, kv_heads, new_keys.shape[2], head_dim)
     for name, tensor in (("new_keys", new_keys), ("new_values", new_values)):
         if tuple(tensor.shape) != expected:
@@ -105,10 +75,7 @@ def append_(
                 f"{name}: expected shape [B, Hkv, T_new, D] = {list(expected)} matching the cache; "
                 f"got {list(tensor.shape)}"
             )
-    check_same_device(
-        ("keys", "values", "magnitudes", "positions", "lengths", "next_positions", "new_keys", "new_values"),
-        (keys, values, magnitudes, positions, lengths, next_positions, new_keys, new_values),
-    )
+    check_same_device(("cache.keys", "new_keys", "new_values"), (cache.keys, new_keys, new_values))
     if value_stat not in VALUE_STATS:
         raise ValueError(f"value_stat: expected one of {', '.join(VALUE_STATS)}; got {value_stat!r}")
-    _append_op(keys, values, magnitudes, positions, lengths, next_positions, new_keys, new_values, value_stat)
+    _append_op(*cache, new_keys, new_values, value_stat)

@@ -15,15 +15,9 @@ import torch
 
 from vase_triton import reference
 from vase_triton.backend import use_triton
-from vase_triton.validation import (
-    check_exact,
-    check_float_dtype,
-    check_head_dim,
-    check_rank,
-    check_same_device,
-    check_same_dtype,
-    check_tensor,
-)
+from vase_triton.cache_tensors import CacheTensors
+from vase_triton.config import MIN_TEMPERATURE
+from vase_triton.validation import check_cache_tensors, check_exact, check_head_dim, check_same_device
 
 
 @torch.library.custom_op(
@@ -37,6 +31,7 @@ def _evict_op(
     magnitudes: torch.Tensor,
     positions: torch.Tensor,
     lengths: torch.Tensor,
+    next_positions: torch.Tensor,
     importance: torch.Tensor,
     noise: Optional[torch.Tensor],
     budget: int,
@@ -45,31 +40,26 @@ def _evict_op(
     n_protect: int,
     temperature: float,
     seed: int,
-    eviction_index: int,
     keep_scores: bool,
     trigger_length: int,
 ) -> None:
+    cache = CacheTensors(keys, values, scores, magnitudes, positions, lengths, next_positions)
+    selection = dict(
+        budget=budget, window=window, n_sink=n_sink, n_protect=n_protect, temperature=temperature, seed=seed,
+        keep_scores=keep_scores, trigger_length=trigger_length, noise=noise,
+    )
     if use_triton(keys.device):
         from vase_triton.kernels.eviction import evict_triton
 
-        evict_triton(
-            keys, values, scores, magnitudes, positions, lengths, importance,
-            budget, window, n_sink, n_protect, temperature, seed, eviction_index,
-            keep_scores, trigger_length, noise,
-        )
+        evict_triton(cache, importance, **selection)
         return
-    reference.evict_(
-        keys, values, scores, magnitudes, positions, lengths, importance,
-        budget=budget, window=window, n_sink=n_sink, n_protect=n_protect, temperature=temperature,
-        seed=seed, eviction_index=eviction_index, keep_scores=keep_scores,
-        trigger_length=trigger_length, noise=noise,
-    )
+    reference.evict_(cache, importance, **selection)
 
 
 @_evict_op.register_fake
 def _evict_fake(
-    keys, values, scores, magnitudes, positions, lengths, importance, noise,
-    budget, window, n_sink, n_protect, temperature, seed, eviction_index, keep_scores, trigger_length,
+    keys, values, scores, magnitudes, positions, lengths, next_positions, importance, noise,
+    budget, window, n_sink, n_protect, temperature, seed, keep_scores, trigger_length,
 ):
     return None
 
@@ -83,12 +73,7 @@ def _check_int(name: str, value: object, low: int, high: int) -> int:
 
 
 def evict_(
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    scores: torch.Tensor,
-    magnitudes: torch.Tensor,
-    positions: torch.Tensor,
-    lengths: torch.Tensor,
+    cache: CacheTensors,
     importance: torch.Tensor,
     *,
     budget: int,
@@ -97,7 +82,6 @@ def evict_(
     n_protect: int,
     temperature: float,
     seed: int,
-    eviction_index: int,
     keep_scores: bool = False,
     trigger_length: Optional[int] = None,
     noise: Optional[torch.Tensor] = None,
@@ -106,77 +90,63 @@ def evict_(
 
     Every sequence `b` with `n = lengths[b] >= trigger_length` is shrunk to `budget` slots,
     independently per KV head row: the `window` most recent slots `[n - window, n)` stay; of
-    the candidates `[0, n - window)` exactly `budget - window` stay: the sinks `[0, n_sink)`,
-    then the `n_protect` other candidates of largest magnitude, then the remaining ones of
-    largest key `log(importance) / temperature - log(-log(u))` (`u` philox-seeded by
-    `(seed, eviction_index)`, or `noise`); with `temperature == 0` the key is `importance`
+    the candidates `[0, n - window)` exactly `budget - window` stay: the sinks `[0, n_sink)`;
+    the candidates of largest value magnitude, `n_protect` in all with the sinks counted
+    among them (the paper gives sinks infinite magnitude); then the remaining ones of largest
+    key `log(importance) / temperature - log(-log(u))` (`u` philox-seeded by `seed`, or
+    `noise`). With `temperature < MIN_TEMPERATURE` (0 included) the key is `importance`
     (deterministic top-k). Non-positive importance ranks below every positive one; ties go
     to the earlier slot. Survivors move to slots `[0, budget)` in temporal order with their
-    keys, values, magnitudes, positions and, with `keep_scores`, scores (otherwise reset to
-    0); slots `[budget, N)` get position -1 and score 0; `lengths[b] = budget`. Other
-    sequences are not touched. Nothing is read back to the host.
+    keys, values, magnitudes, positions and, with `keep_scores`, scores; without it every
+    row's scores are reset to 0. Slots `[budget, N)` of evicted rows get position -1 and
+    score 0; `lengths[b] = budget`. Other rows keep their slots. Nothing is read back to the
+    host.
 
     Args:
-        keys, values: `[B, Hkv, N, D]` fp16, bf16 or fp32, same dtype.
-        scores: `[B, Hkv, N]` float32 accumulated attention.
-        magnitudes: `[B, Hkv, N]` float32 value magnitudes.
-        positions: `[B, Hkv, N]` int32 token positions (-1 in empty slots).
-        lengths: `[B]` int32 valid slots per sequence, in `[0, N]` (not checked: that would
-            read them back to the host; larger values act as `N`).
+        cache: the layer's `CacheTensors`, `N` slots per row (`lengths` in `[0, N]`, not
+            checked: that would read them back to the host; larger values act as `N`).
         importance: `[B, Hkv, N]` float32 policy importance (`vase_triton.policies`);
-            must be non-negative when `temperature > 0`.
+            must be non-negative when sampling.
         budget: slots kept per evicted row, `window < budget <= N`.
         window: recent slots always kept, `>= 1`.
-        n_sink, n_protect: sinks and value-protected candidates, `n_sink + n_protect <= budget - window`.
-        temperature: Gumbel temperature `>= 0`; 0 selects deterministically.
-        seed: philox seed in `[0, 2**31)`; eviction_index: eviction counter in `[0, 2**32)`.
+        n_sink: sinks, `<= budget - window`; n_protect: value-protected tokens, sinks
+            included, `<= budget - window`.
+        temperature: Gumbel temperature `>= 0`.
+        seed: philox seed of this eviction in `[0, 2**63)` (`vase_triton.seeding.eviction_seed`).
         keep_scores: move scores with their tokens (h2o) instead of resetting them.
         trigger_length: evict rows with `lengths[b] >= trigger_length`, in `[budget, N]`; default `N`.
-        noise: optional `[B, Hkv, N]` float32 uniforms replacing the philox draws (tests).
+        noise: optional `[B, Hkv, N]` float32 uniforms replacing the philox draws.
+
+    Temporaries: `[B * Hkv, budget]` int32 survivor indices and `[B * Hkv]` flags on the
+    Triton path, 1.0 MiB at the Qwen3-8B decode shape (B 16, Hkv 8, budget 2048); rows longer
+    than the in-register limit (8192 slots, long prompts) add `[B * Hkv, N]` int32 keys and
+    int8 states (5 MiB for one 128k-token prompt).
     """
-    names = ("keys", "values", "scores", "magnitudes", "positions", "lengths", "importance", "noise")
-    tensors = (keys, values, scores, magnitudes, positions, lengths, importance, noise)
-    for name, tensor in zip(names[:-1], tensors[:-1]):
-        check_tensor(name, tensor)
-    check_rank("keys", keys, 4, "[B, Hkv, N, D]")
-    check_rank("values", values, 4, "[B, Hkv, N, D]")
-    check_float_dtype("keys", keys)
-    check_float_dtype("values", values)
-    check_same_dtype(("keys", "values"), (keys, values))
-    if values.shape != keys.shape:
-        raise ValueError(f"values: expected shape {list(keys.shape)} like keys; got {list(values.shape)}")
-    check_head_dim("keys", keys.shape[-1])
-    batch, kv_heads, num_slots, _ = keys.shape
+    batch, kv_heads, num_slots, head_dim = check_cache_tensors(cache)
+    check_head_dim("cache.keys", head_dim)
     rows = (batch, kv_heads, num_slots)
-    check_exact("scores", scores, rows, torch.float32, "[B, Hkv, N]")
-    check_exact("magnitudes", magnitudes, rows, torch.float32, "[B, Hkv, N]")
-    check_exact("positions", positions, rows, torch.int32, "[B, Hkv, N]")
     check_exact("importance", importance, rows, torch.float32, "[B, Hkv, N]")
     if noise is not None:
         check_exact("noise", noise, rows, torch.float32, "[B, Hkv, N]")
-    check_same_device(names, tensors)
+    check_same_device(("cache.keys", "importance", "noise"), (cache.keys, importance, noise))
 
     if num_slots < 2:
-        raise ValueError(f"keys: expected N >= 2 slots (a window and a kept candidate); got N={num_slots}")
+        raise ValueError(f"cache.keys: expected N >= 2 slots (a window and a kept candidate); got N={num_slots}")
     _check_int("window", window, 1, num_slots - 1)
     _check_int("budget", budget, window + 1, num_slots)
     _check_int("n_sink", n_sink, 0, budget - window)
-    _check_int("n_protect", n_protect, 0, budget - window - n_sink)
+    _check_int("n_protect", n_protect, 0, budget - window)
     trigger_length = num_slots if trigger_length is None else trigger_length
     _check_int("trigger_length", trigger_length, budget, num_slots)
-    _check_int("seed", seed, 0, 2**31 - 1)
-    _check_int("eviction_index", eviction_index, 0, 2**32 - 1)
+    _check_int("seed", seed, 0, 2**63 - 1)
     if not isinstance(temperature, (int, float)) or isinstance(temperature, bool):
         raise TypeError(f"temperature: expected a float; got {type(temperature).__name__} {temperature!r}")
     if not (math.isfinite(temperature) and temperature >= 0):
         raise ValueError(f"temperature: expected a finite value >= 0; got {temperature}")
     if not isinstance(keep_scores, bool):
         raise TypeError(f"keep_scores: expected a bool; got {type(keep_scores).__name__}")
-    # Shape and dtype only: checking the values would read them back to the host.
-    check_exact("lengths", lengths, (batch,), torch.int32, "[B]")
+    temperature = float(temperature) if temperature >= MIN_TEMPERATURE else 0.0
 
     _evict_op(
-        keys, values, scores, magnitudes, positions, lengths, importance, noise,
-        budget, window, n_sink, n_protect, float(temperature), seed, eviction_index, keep_scores,
-        trigger_length,
+        *cache, importance, noise, budget, window, n_sink, n_protect, temperature, seed, keep_scores, trigger_length,
     )
