@@ -22,6 +22,7 @@ import torch
 
 from reporting import Timing, per_call, row_from_benchmark, run_timed
 from vase_triton import reference
+from vase_triton.cache_tensors import CacheTensors
 from vase_triton.ops import evict_
 
 ON_GPU = torch.cuda.is_available()
@@ -63,42 +64,41 @@ else:
     SHAPE = EvictionShape(2, 2, 40, 8, 64, torch.bfloat16)
 
 
-def cache_layer(shape: EvictionShape, device: torch.device) -> dict:
+def cache_layer(shape: EvictionShape, device: torch.device) -> tuple[CacheTensors, torch.Tensor]:
+    """A full cache layer and an importance row, `[B, Hkv, C]`."""
     gen = torch.Generator(device=device).manual_seed(0)
     rows = (shape.batch, shape.kv_heads, shape.slots)
     keys = torch.randn(*rows, shape.head_dim, generator=gen, device=device).to(shape.dtype)
     values = torch.randn(*rows, shape.head_dim, generator=gen, device=device).to(shape.dtype)
-    return dict(
+    lengths = torch.full((shape.batch,), shape.slots, dtype=torch.int32, device=device)
+    cache = CacheTensors(
         keys=keys,
         values=values,
         scores=torch.rand(rows, generator=gen, device=device),
         magnitudes=torch.rand(rows, generator=gen, device=device),
         positions=torch.arange(shape.slots, dtype=torch.int32, device=device).expand(rows).contiguous(),
-        lengths=torch.full((shape.batch,), shape.slots, dtype=torch.int32, device=device),
-        importance=torch.rand(rows, generator=gen, device=device),
+        lengths=lengths,
+        next_positions=lengths.clone(),
     )
+    return cache, torch.rand(rows, generator=gen, device=device)
 
 
 @pytest.mark.parametrize("implementation", ["triton", "reference"])
 def test_eviction(benchmark, record_row, device, implementation: str):
     shape = SHAPE
-    layer = cache_layer(shape, device)
+    cache, importance = cache_layer(shape, device)
     op = evict_ if implementation == "triton" else reference.evict_
     kwargs = dict(
-        budget=shape.budget, window=shape.window, n_sink=4, n_protect=shape.budget // 4,
-        temperature=1.0, seed=0, eviction_index=0,
+        budget=shape.budget, window=shape.window, n_sink=4, n_protect=shape.budget // 4, temperature=1.0, seed=0,
     )
 
     def evict():
-        layer["lengths"].fill_(shape.slots)
-        op(
-            layer["keys"], layer["values"], layer["scores"], layer["magnitudes"], layer["positions"],
-            layer["lengths"], layer["importance"], **kwargs,
-        )
+        cache.lengths.fill_(shape.slots)
+        op(cache, importance, **kwargs)
 
     run_timed(benchmark, TIMING, evict)
-    assert bool((layer["lengths"] == shape.budget).all())
-    assert bool((layer["positions"][:, :, shape.budget:] == -1).all())
+    assert bool((cache.lengths == shape.budget).all())
+    assert bool((cache.positions[:, :, shape.budget:] == -1).all())
     name = "fused triton" if implementation == "triton" else "reference (sort + gather)"
     row = row_from_benchmark(benchmark, SUITE, name, shape.describe(), bytes_moved=shape.nominal_bytes())
     record_row(per_call(row, TIMING.calls))

@@ -8,8 +8,10 @@ kernels swapped for recorders, so the audit sees exactly the arguments, constexp
 specialised the way Triton's JIT does it (pointers and multiples of 16 marked 16-byte
 divisible, integers equal to 1 folded into constants) and compiled ahead of time for
 `cuda:90`; registers and spills are read from the `ptxas -v` log of that compilation.
-Eviction at prefill (`N = T` slots) compiles to the same kernels as at `C = 4160`: the
-selection tile is `next_power_of_2(N)` = 8192 either way and `N` is a runtime size.
+Eviction at prefill (`N = T` slots) is audited for prompts of 32k and 128k tokens: rows
+longer than the in-register limit take the tiled selection kernel, whose tiles (and so
+its registers and its compiled variants) do not depend on `N`; the append of such a
+prompt spreads its tokens over many programs.
 
 Prints a markdown table: shared memory per block (limit 227 KiB on H100/H200),
 registers per thread, spill stores/loads, warps and stages. Exits 0 with a message when
@@ -43,6 +45,7 @@ import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from vase_triton.cache_tensors import CacheTensors  # noqa: E402
 from vase_triton.kernels import cache_append, decode_attention, eviction, prefill_attention  # noqa: E402
 
 CAPABILITY = 90
@@ -62,6 +65,7 @@ CAPACITY = 4160
 BUDGET = 4096
 WINDOW = 64
 N_SINK = 4
+LONG_PROMPTS = (32768, 131072)
 DTYPES = (torch.bfloat16, torch.float16)
 ATTENTION_HEAD_DIMS = (64, 128, 256)
 CACHE_HEAD_DIMS = (64, 128)
@@ -177,39 +181,54 @@ def decode_launches(dtype: torch.dtype, head_dim: int, emit_scores: bool) -> lis
     return launches
 
 
-def eviction_launches(dtype: torch.dtype, head_dim: int, stochastic: bool, keep_scores: bool) -> list[Launch]:
-    """One `vase` eviction of 16 x 8 rows of 4160 slots down to budget 4096."""
-    slots = (DECODE_BATCH, KV_HEADS, CAPACITY)
-    keys = _meta(*slots, head_dim, dtype=dtype)
-    values = _meta(*slots, head_dim, dtype=dtype)
-    scores = _meta(*slots, dtype=torch.float32)
-    magnitudes = _meta(*slots, dtype=torch.float32)
-    positions = _meta(*slots, dtype=torch.int32)
-    lengths = _meta(DECODE_BATCH, dtype=torch.int32)
-    importance = _meta(*slots, dtype=torch.float32)
-    with recorded(eviction, "_evict_select_kernel", "_evict_compact_kernel") as launches:
+def _meta_cache(batch: int, slots: int, head_dim: int, dtype: torch.dtype) -> CacheTensors:
+    rows = (batch, KV_HEADS, slots)
+    return CacheTensors(
+        keys=_meta(*rows, head_dim, dtype=dtype),
+        values=_meta(*rows, head_dim, dtype=dtype),
+        scores=_meta(*rows, dtype=torch.float32),
+        magnitudes=_meta(*rows, dtype=torch.float32),
+        positions=_meta(*rows, dtype=torch.int32),
+        lengths=_meta(batch, dtype=torch.int32),
+        next_positions=_meta(batch, dtype=torch.int32),
+    )
+
+
+def eviction_launches(
+    dtype: torch.dtype, head_dim: int, stochastic: bool, keep_scores: bool, batch: int = DECODE_BATCH,
+    slots: int = CAPACITY,
+) -> list[Launch]:
+    """One `vase` eviction of `batch` x 8 rows of `slots` slots down to budget 4096."""
+    cache = _meta_cache(batch, slots, head_dim, dtype)
+    importance = _meta(batch, KV_HEADS, slots, dtype=torch.float32)
+    kernels = ("_evict_select_kernel", "_evict_select_tiled_kernel", "_evict_compact_kernel")
+    with recorded(eviction, *kernels) as launches:
         eviction.evict_triton(
-            keys, values, scores, magnitudes, positions, lengths, importance,
-            BUDGET, WINDOW, N_SINK, BUDGET // 4, 1.0 if stochastic else 0.0, 0, 0,
-            keep_scores, CAPACITY, None,
-        )  # fmt: skip
+            cache, importance, budget=BUDGET, window=WINDOW, n_sink=N_SINK, n_protect=BUDGET // 4,
+            temperature=1.0 if stochastic else 0.0, seed=2**40 + 7, keep_scores=keep_scores,
+            trigger_length=BUDGET + 1, noise=None,
+        )
     return launches
 
 
-def append_launches(dtype: torch.dtype, head_dim: int, new_tokens: int) -> list[Launch]:
-    """Append `new_tokens` tokens per sequence to a `[16, 8, C, D]` cache (`range` statistic)."""
-    capacity = max(CAPACITY, new_tokens)
-    keys = _meta(DECODE_BATCH, KV_HEADS, capacity, head_dim, dtype=dtype)
-    values = _meta(DECODE_BATCH, KV_HEADS, capacity, head_dim, dtype=dtype)
-    magnitudes = _meta(DECODE_BATCH, KV_HEADS, capacity, dtype=torch.float32)
-    positions = _meta(DECODE_BATCH, KV_HEADS, capacity, dtype=torch.int32)
-    counters = [_meta(DECODE_BATCH, dtype=torch.int32) for _ in range(2)]
-    new_keys = _meta(DECODE_BATCH, KV_HEADS, new_tokens, head_dim, dtype=dtype)
-    new_values = _meta(DECODE_BATCH, KV_HEADS, new_tokens, head_dim, dtype=dtype)
+def recompute_launches(dtype: torch.dtype, head_dim: int) -> list[Launch]:
+    """`score_mode="recompute"` importance: 64 window queries of 32 heads over 4096 of 4160 slots."""
+    q = _meta(DECODE_BATCH, Q_HEADS, WINDOW, head_dim, dtype=dtype)
+    k = _meta(DECODE_BATCH, KV_HEADS, CAPACITY, head_dim, dtype=dtype)
+    lens = _meta(DECODE_BATCH, dtype=torch.int32)
+    q_valid = _meta(DECODE_BATCH, WINDOW, dtype=torch.bool)
+    with recorded(prefill_attention, "_prefill_forward_kernel", "_prefill_scores_kernel") as launches:
+        prefill_attention.candidate_attention_triton(q, k, lens, head_dim**-0.5, q_valid)
+    return launches
+
+
+def append_launches(dtype: torch.dtype, head_dim: int, new_tokens: int, batch: int = DECODE_BATCH) -> list[Launch]:
+    """Append `new_tokens` tokens per sequence to a `[batch, 8, C, D]` cache (`range` statistic)."""
+    cache = _meta_cache(batch, max(CAPACITY, new_tokens), head_dim, dtype)
+    new_keys = _meta(batch, KV_HEADS, new_tokens, head_dim, dtype=dtype)
+    new_values = _meta(batch, KV_HEADS, new_tokens, head_dim, dtype=dtype)
     with recorded(cache_append, "_cache_append_kernel") as launches:
-        cache_append.cache_append_triton(
-            keys, values, magnitudes, positions, *counters, new_keys, new_values, "range"
-        )
+        cache_append.cache_append_triton(cache, new_keys, new_values, "range")
     return launches
 
 
@@ -263,7 +282,7 @@ def ptxas_usage(log: str) -> tuple[Optional[int], Optional[int], Optional[int]]:
     )
 
 
-_BLOCK_NAMES = ("BLOCK_M", "BLOCK_N", "BLOCK_G", "BLOCK_S", "BLOCK_R", "BLOCK_D", "BLOCK_H")
+_BLOCK_NAMES = ("BLOCK_M", "BLOCK_N", "BLOCK_G", "BLOCK_S", "BLOCK_R", "BLOCK_D", "BLOCK_H", "BLOCK_T")
 
 
 def audit(launch: Launch, case: str) -> Audit:
@@ -319,9 +338,24 @@ def cases() -> Iterator[tuple[str, list[Launch]]]:
                     eviction_launches(dtype, head_dim, stochastic, keep_scores),
                 )
         for head_dim in CACHE_HEAD_DIMS:
+            for prompt in LONG_PROMPTS:
+                yield (
+                    f"evict prompt B1 Hkv{KV_HEADS} N{prompt} D{head_dim} {name} gumbel",
+                    eviction_launches(dtype, head_dim, True, False, batch=1, slots=prompt),
+                )
+        for head_dim in ATTENTION_HEAD_DIMS:
+            yield (
+                f"recompute scores B{DECODE_BATCH} Hq{Q_HEADS} W{WINDOW} C{CAPACITY} D{head_dim} {name}",
+                recompute_launches(dtype, head_dim),
+            )
+        for head_dim in CACHE_HEAD_DIMS:
             for new_tokens in (1, PREFILL_TOKENS):
                 yield f"append B{DECODE_BATCH} Hkv{KV_HEADS} T{new_tokens} D{head_dim} {name}", (
                     append_launches(dtype, head_dim, new_tokens)
+                )
+            for prompt in LONG_PROMPTS:
+                yield f"append prompt B1 Hkv{KV_HEADS} T{prompt} D{head_dim} {name}", (
+                    append_launches(dtype, head_dim, prompt, batch=1)
                 )
 
 

@@ -1,79 +1,174 @@
-"""How often the two legitimate importance modes select the same tokens.
+"""How much the two importance modes change which tokens are evicted, on real attention.
 
-vase_triton *emits* importance: each decode step adds its softmax probabilities over
-all cached keys (candidates and recent window alike) into the score buffer. The VaSE
-authors' reference stores the last `window` queries and recomputes a softmax over the
-candidates only. The two differ only in each query's normaliser, so they weight the
-window's queries differently; this script measures how much that changes the
-selection (deterministic top-k, pooled, no value protection, sinks excluded).
+vase_triton offers two definitions of the window attention that `vase`, `snapkv` and
+`rkv` rank candidates by (DESIGN.md §2):
 
-    python benchmarks/score_mode_agreement.py [--trials 20]
+- `emitted`: decode attention adds each query's softmax over *all* cached slots (window
+  included) into a score buffer; nothing is stored or recomputed;
+- `recompute` (the paper's): a ring of the last `window` queries attends over the
+  *candidates only* at eviction.
 
-Keys and queries are synthetic (Gaussian, a few heavy-hitter keys that some queries
-attend to strongly, and a per-query recency bias), at Qwen3-like sizes: D = 128,
-4 query heads per KV head.
+Their normalisers differ (each query's candidate mass is scaled by one minus its window
+mass). What that changes is which `window` candidates each eviction drops, so this script
+measures, at every eviction of every layer and KV head:
+
+- top-k agreement: the fraction of evicted candidates both modes evict (`snapkv`: pooled
+  attention, deterministic top-k, sinks kept);
+- sampling distance: the total-variation distance between the two modes' sampling
+  distributions over the candidates `vase` samples from (pooled attention, after sinks
+  and value-protected tokens), i.e. the distance between the first draws of the two.
+
+    python benchmarks/score_mode_agreement.py [--model tiny|PATH] [--tokens 1200] [--budget 256]
+
+The model runs once with full attention (greedy), its post-RoPE queries, keys and values
+are captured, and two cache layers (one per mode) replay them token by token, kept in the
+same state (both evict what `emitted` chooses) so that every eviction compares the modes
+on identical caches. `tiny` is the built-in random model; pass a local checkpoint
+directory (a transformers causal LM) for a trained one.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vase_triton.cache import VaSECacheLayer  # noqa: E402
+from vase_triton.config import VaSEConfig  # noqa: E402
+
+CAPTURE_NAME = "vase_capture"
 
 
-def pooled(scores: torch.Tensor, width: int) -> torch.Tensor:
-    """Average pool of width `width` along the last dim, zero-padded. `[G, N] -> [G, N]`."""
-    return F.avg_pool1d(scores.unsqueeze(1), width, stride=1, padding=width // 2, count_include_pad=True).squeeze(1)
+def capture_attention_inputs(model, input_ids: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+    """Post-RoPE `(query [1, Hq, T, D], key [1, Hkv, T, D], value)` of every layer for one causal pass."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    captured: dict[int, tuple[torch.Tensor, ...]] = {}
+
+    def capture(module, query, key, value, attention_mask, **kwargs):
+        captured[module.layer_idx] = (query.detach().clone(), key.detach().clone(), value.detach().clone())
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(CAPTURE_NAME, capture)
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(CAPTURE_NAME)
+    try:
+        with torch.no_grad():
+            model(input_ids=input_ids, use_cache=False)
+    finally:
+        model.set_attn_implementation(previous)
+    return [captured[index] for index in sorted(captured)]
 
 
-def selection_agreement(
-    *, recency: float, capacity: int, window: int, budget: int, group: int, head_dim: int, pool: int, generator: torch.Generator
-) -> float:
-    """Fraction of the kept candidates that both modes keep, for one synthetic row."""
-    candidates = capacity - window
-    keys = torch.randn(capacity, head_dim, generator=generator, dtype=torch.float64)
-    heavy = torch.randint(0, capacity - window, (8,), generator=generator)
-    keys[heavy] *= 3.0
-    queries = torch.randn(window, group, head_dim, generator=generator, dtype=torch.float64)
-    focus = heavy[torch.randint(0, 8, (window, group), generator=generator)]
-    queries += 0.5 * keys[focus]
-    logits = torch.einsum("wgd,nd->wgn", queries, keys) / head_dim**0.5  # [W, G, C]
-    # Recency: each query attends strongly to the tokens just before it, by an amount that
-    # varies per query and head, so the share of mass on the recent window varies too.
-    query_pos = torch.arange(candidates, capacity, dtype=torch.float64).view(window, 1, 1)
-    distance = (query_pos - torch.arange(capacity, dtype=torch.float64).view(1, 1, capacity)).clamp_min(0)
-    strength = recency * torch.rand(window, group, 1, generator=generator, dtype=torch.float64)
-    logits = logits + strength * torch.exp(-distance / 16.0)
+def evicted_candidates(layer: VaSECacheLayer, importance: torch.Tensor) -> list[set[int]]:
+    """Per (row, KV head), the candidate slots a deterministic top-k eviction would drop."""
+    config = layer.config
+    n_cand = int(layer.lengths[0]) - config.window
+    keep = config.budget - config.window - config.n_sink
+    dropped = []
+    for row in importance[0, :, :n_cand]:
+        order = torch.sort(row[config.n_sink :], descending=True, stable=True).indices + config.n_sink
+        dropped.append(set(order[keep:].tolist()))
+    return dropped
 
-    emitted = torch.softmax(logits, dim=-1)[..., :candidates].sum(dim=(0, 1))
-    recomputed = torch.softmax(logits[..., :candidates], dim=-1).mean(dim=(0, 1))
-    keep = budget - window
-    chosen_emitted = set(pooled(emitted.unsqueeze(0), pool)[0].topk(keep).indices.tolist())
-    chosen_recomputed = set(pooled(recomputed.unsqueeze(0), pool)[0].topk(keep).indices.tolist())
-    return len(chosen_emitted & chosen_recomputed) / keep
+
+def sampling_distance(layer: VaSECacheLayer, importance_a: torch.Tensor, importance_b: torch.Tensor) -> list[float]:
+    """Per KV head, total variation between the normalised weights of the candidates `vase` samples from."""
+    config = layer.config
+    n_cand = int(layer.lengths[0]) - config.window
+    n_large = max(0, config.budget // 4 - config.n_sink)
+    distances = []
+    for h in range(importance_a.shape[1]):
+        magnitude = layer.magnitudes[0, h, config.n_sink : n_cand]
+        protected = set((torch.sort(magnitude, descending=True, stable=True).indices[:n_large] + config.n_sink).tolist())
+        eligible = torch.tensor([s for s in range(config.n_sink, n_cand) if s not in protected])
+        p = importance_a[0, h, eligible].double()
+        q = importance_b[0, h, eligible].double()
+        distances.append(0.5 * float((p / p.sum() - q / q.sum()).abs().sum()))
+    return distances
+
+
+def replay(captured, prompt_len: int, budget: int, window: int) -> tuple[list[float], list[float]]:
+    """Top-k agreements and sampling distances over every eviction of every layer and head."""
+    agreements, distances = [], []
+    for layer_idx, (query, key, value) in enumerate(captured):
+        kv_heads, head_dim = key.shape[1], key.shape[-1]
+        layers = [
+            VaSECacheLayer(
+                VaSEConfig(policy="snapkv", budget=budget, window=window, score_mode=mode), batch_size=1,
+                num_kv_heads=kv_heads, head_dim=head_dim, dtype=torch.float32, device="cpu", layer_idx=layer_idx,
+            )
+            for mode in ("emitted", "recompute")
+        ]
+        scale = head_dim**-0.5
+        q, k, v = (t.float() for t in (query, key, value))
+        for layer in layers:
+            layer.prefill(q[:, :, :prompt_len], k[:, :, :prompt_len], v[:, :, :prompt_len], scale=scale)
+        for t in range(prompt_len, q.shape[2]):
+            if layers[0].length_bound == layers[0].capacity:
+                emitted, recomputed = (layer.importance() for layer in layers)
+                for a, b in zip(evicted_candidates(layers[0], emitted), evicted_candidates(layers[1], recomputed)):
+                    agreements.append(len(a & b) / window)
+                distances.extend(sampling_distance(layers[0], emitted, recomputed))
+                for layer in layers:
+                    layer.evict(importance=emitted)
+            for layer in layers:
+                layer.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], scale=scale)
+    return agreements, distances
+
+
+def load(model_name: str, seed: int):
+    """(model, token ids of a prompt) for `tiny` or a local checkpoint directory."""
+    if model_name == "tiny":
+        from vase_triton.demo_model import ByteTokenizer, tiny_qwen3
+
+        prompt = "Question: Natalia sold 48 clips in April and half as many in May. How many in total?\nAnswer:"
+        return tiny_qwen3(seed=seed), ByteTokenizer()(prompt)["input_ids"]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(model_name)
+    if not path.is_dir():
+        raise SystemExit(f"--model: expected 'tiny' or a local checkpoint directory; got {model_name!r}")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompt = "Solve step by step: what is 17 * 23 + 4?"
+    return model, tokenizer(prompt, return_tensors="pt")["input_ids"]
+
+
+def summarise(values: list[float], tail: float) -> str:
+    """`mean / quantile(tail) / extreme` of `values` (the minimum for tail < 0.5, else the maximum)."""
+    tensor = torch.tensor(values, dtype=torch.float64)
+    extreme = tensor.min() if tail < 0.5 else tensor.max()
+    return f"{float(tensor.mean()):.3f} / {float(tensor.quantile(tail)):.3f} / {float(extreme):.3f}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--model", default="tiny", help="'tiny' (built-in random Qwen3) or a local checkpoint dir")
+    parser.add_argument("--tokens", type=int, default=1200, help="total tokens (prompt + greedy continuation)")
+    parser.add_argument("--budget", type=int, nargs="+", default=[128, 256])
+    parser.add_argument("--window", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    generator = torch.Generator().manual_seed(args.seed)
-    print("| recency bias | budget | window | mean agreement | min agreement |")
-    print("|---:|---:|---:|---:|---:|")
-    window = 64
-    for recency, budget in [(r, b) for r in (6.0, 30.0) for b in (256, 1024, 2048)]:
-        agreements = torch.tensor(
-            [
-                selection_agreement(
-                    recency=recency, capacity=budget + window, window=window, budget=budget, group=4, head_dim=128, pool=5,
-                    generator=generator,
-                )
-                for _ in range(args.trials)
-            ]
+    model, input_ids = load(args.model, args.seed)
+    with torch.no_grad():
+        sequence = model.generate(
+            input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max(1, args.tokens - input_ids.shape[1]), do_sample=False,
         )
-        print(f"| {recency:g} | {budget} | {window} | {agreements.mean():.3f} | {agreements.min():.3f} |")
+    captured = capture_attention_inputs(model, sequence)
+    prompt_len = input_ids.shape[1]
+    print(f"model {args.model}: {len(captured)} layers, {sequence.shape[1]} tokens, window {args.window}\n")
+    print("| budget | evictions x heads | top-k agreement: mean / p10 / min | TV distance: mean / p90 / max |")
+    print("|---:|---:|---|---|")
+    for budget in args.budget:
+        agreements, distances = replay(captured, prompt_len, budget, args.window)
+        print(f"| {budget} | {len(agreements)} | {summarise(agreements, 0.1)} | {summarise(distances, 0.9)} |")
 
 
 if __name__ == "__main__":
