@@ -78,8 +78,9 @@ class TwinLayer:
                     self.total_masses[h][position] += p
             self.recent_masses.append(masses)
             self.recent_queries.append(query[:, t].double())
-        if self.length > config.capacity:  # a prompt longer than the capacity: compress it now
-            self.evict(num_slots=self.length)
+        if self.length > config.capacity:  # a chunk that overflows: compress now
+            # The library stages it in C + T slots; the uniforms are drawn for that many.
+            self.evict(num_slots=config.capacity + new_tokens)
         return out
 
     # ------------------------------------------------------------------ importance, by the definitions

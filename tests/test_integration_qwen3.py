@@ -210,13 +210,13 @@ def test_patch_is_idempotent_and_context_manager_restores(model, tokenizer):
 def test_refusals_are_clear(model, tokenizer):
     vase_triton.patch_qwen3(model, budget=32, window=8)
     inputs = tokenizer(PROMPTS[0])
-    with pytest.raises(ValueError, match="num_beams"):
+    with pytest.raises(ValueError, match="num_beams.*beam search"):
         model.generate(**inputs, max_new_tokens=4, num_beams=2, do_sample=False)
+    with pytest.raises(ValueError, match="prompt_lookup_num_tokens.*prompt-lookup decoding"):
+        model.generate(**inputs, max_new_tokens=4, prompt_lookup_num_tokens=3, do_sample=False)
+    with pytest.raises(ValueError, match="assistant_model.*assisted decoding"):
+        model.generate(**inputs, max_new_tokens=4, assistant_model=tiny_qwen3(seed=3), do_sample=False)
     cache = VaSECache.for_model(model, model._vase_patch_state.config, batch_size=1)
-    model.generate(**inputs, max_new_tokens=4, do_sample=False, cache=cache)
-    with pytest.raises(ValueError, match="already holds"):
-        model.generate(**inputs, max_new_tokens=4, do_sample=False, cache=cache)
-    cache.reset()
     model.generate(**inputs, max_new_tokens=4, do_sample=False, cache=cache)
     with pytest.raises(NotImplementedError, match="beam search"):
         cache.reorder_cache(torch.tensor([0]))

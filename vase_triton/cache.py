@@ -17,6 +17,13 @@ The observation of each policy (`vase_triton.policies.Policy.observation`) is ke
 window policies see exactly the last `window` queries before every eviction (the first
 one included, whose window may reach into the prompt), `tova` the last query, `h2o`
 every query since the token entered the cache.
+
+Multi-token inputs (a prompt, a new chat turn on a filled cache) go through `extend` in
+chunks of at most `config.prefill_chunk_size` tokens: each chunk attends to the cached
+tokens plus itself causally, is appended, and when the layer would overflow it is
+compressed back to `budget` with the chunk's last `window` queries as the observation.
+A chunk that overflows the layer is staged in a `PrefillScratch` of `C + chunk` slots,
+so a prompt of any length never needs more than that.
 """
 
 from __future__ import annotations
@@ -48,6 +55,40 @@ def _check_count(name: str, value: object) -> int:
     if value < 1:
         raise ValueError(f"{name}: expected >= 1; got {value}")
     return value
+
+
+class PrefillScratch:
+    """Staging buffers for chunks that overflow a layer: `CacheTensors` of `C + T` slots (`T` <= chunk size).
+
+    Layers run one after another, so the layers of one cache share it (one per device and
+    shape). It is allocated by the first chunk that needs it, grown only for a longer chunk,
+    and released when decoding starts (`release`): it exists only while a prompt or a new
+    turn is being stored.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple, CacheTensors] = {}
+
+    def get(self, batch: int, kv_heads: int, slots: int, head_dim: int, dtype: torch.dtype, device) -> CacheTensors:
+        """Buffers of at least `slots` slots per row (their first `slots` are what the caller uses)."""
+        key = (batch, kv_heads, head_dim, dtype, torch.device(device))
+        held = self._buffers.get(key)
+        if held is None or held.num_slots < slots:
+            held = self._buffers[key] = CacheTensors.empty(batch, kv_heads, slots, head_dim, dtype=dtype, device=device)
+        return held.prefix(slots)
+
+    def release(self) -> None:
+        self._buffers.clear()
+
+    def buffers(self) -> tuple[torch.Tensor, ...]:
+        return tuple(buffer for tensors in self._buffers.values() for buffer in tensors)
+
+
+def _chunk_lengths(valid_lengths: Optional[torch.Tensor], total: int, start: int, stop: int) -> Optional[torch.Tensor]:
+    """Real tokens of each row inside tokens `[start, stop)` of a left-padded input of `total` tokens."""
+    if valid_lengths is None:
+        return None
+    return (valid_lengths.to(torch.int32) - (total - stop)).clamp(0, stop - start)
 
 
 class VaSECacheLayer:
@@ -89,6 +130,7 @@ class VaSECacheLayer:
         layer_idx: int = 0,
         num_query_heads: Optional[int] = None,
         workspace: Optional[tuple[torch.Tensor, ...]] = None,
+        scratch: Optional[PrefillScratch] = None,
     ) -> None:
         if not isinstance(config, VaSEConfig):
             raise TypeError(f"config: expected a VaSEConfig; got {type(config).__name__}")
@@ -125,6 +167,7 @@ class VaSECacheLayer:
         self.device = self.tensors.keys.device
         self.length_bound = 0
         self.n_evictions = 0
+        self.queries_seen = 0  # queries of the padded timeline, prompt included
         self.scale: Optional[float] = None
         self._emits_scores = self.policy.decode_emits_scores(config.score_mode)
         self._stores_queries = self.policy.stores_queries(config.score_mode)
@@ -136,6 +179,8 @@ class VaSECacheLayer:
         self._owns_workspace = workspace is None
         if workspace is not None:
             self._workspace = tuple(workspace)
+        self._owns_scratch = scratch is None
+        self._scratch = PrefillScratch() if scratch is None else scratch
         self._mark_static(self.tensors)
         if num_query_heads is not None:
             self._allocate_query_state(_check_count("num_query_heads", num_query_heads))
@@ -204,13 +249,18 @@ class VaSECacheLayer:
                 torch._dynamo.mark_static_address(tensor)
 
     def own_buffers(self) -> tuple[torch.Tensor, ...]:
-        """Every static buffer this layer owns (a shared decode workspace excluded)."""
+        """Every buffer this layer owns (a shared decode workspace or prefill scratch excluded)."""
         ring = tuple(t for t in (self.query_ring, self.query_valid, self.ring_cursor) if t is not None)
-        return tuple(self.tensors) + ring + (self._workspace if self._owns_workspace else ())
+        workspace = self._workspace if self._owns_workspace else ()
+        scratch = self._scratch.buffers() if self._owns_scratch else ()
+        return tuple(self.tensors) + ring + workspace + scratch
 
     def buffers(self) -> tuple[torch.Tensor, ...]:
-        """Every static buffer the layer uses, a shared decode workspace included."""
-        return self.own_buffers() + (() if self._owns_workspace else self._workspace)
+        """Every buffer the layer uses, a shared decode workspace and prefill scratch included."""
+        shared = (() if self._owns_workspace else self._workspace) + (
+            () if self._owns_scratch else self._scratch.buffers()
+        )
+        return self.own_buffers() + shared
 
     @property
     def memory_bytes(self) -> int:
@@ -253,35 +303,38 @@ class VaSECacheLayer:
         self._use_query_heads(query.shape[1])
         return key.shape[2]
 
-    # ----------------------------------------------------------------------------- prefill
+    # ----------------------------------------------------------------------------- prefill and extend
 
-    def _prefill_score_window(self, prompt_len: int, compress: bool) -> int:
-        """How many of the last prompt queries the score buffer must hold after prefill.
+    def _observation_update(self, new_tokens: int, start: int, compress: bool) -> tuple[int, bool]:
+        """(score window, reset first) of a chunk of `new_tokens` queries entering at length `start`.
 
-        Window policies (emitted scores) need the queries of the next eviction's window that
-        fall in the prompt: all `window` when the prompt is compressed now, else the
-        `prompt_len - budget` that precede the `capacity - prompt_len` decode steps left.
+        The score buffer must hold, at every eviction, the attention of the policy's
+        observation queries: emitted window scores restart `window` queries before the
+        eviction that reads them (at length `budget`, or at a compression: the chunk's last
+        `window` queries; a chunk shorter than that adds to what the buffer holds), `tova`
+        keeps the last query, `h2o` every query.
         """
         observation = self.policy.observation
         if observation == OBSERVE_WINDOW and self._emits_scores:
-            window = self.config.window
-            return window if compress else min(window, max(0, prompt_len - self.config.budget))
+            window, budget = self.config.window, self.config.budget
+            if compress:
+                return min(new_tokens, window), new_tokens >= window
+            return min(new_tokens, max(0, start + new_tokens - budget)), start <= budget
         if observation == OBSERVE_LAST_QUERY:
-            return 1
+            return 1, True
         if observation == OBSERVE_ALL_QUERIES:
-            return prompt_len
-        return 0
+            return new_tokens, False
+        return 0, False
 
-    def _seed_query_ring(self, query: torch.Tensor, real: torch.Tensor) -> None:
-        """Store the last `min(T, window)` prompt queries `[B, Hq, T, D]` (valid where `real` `[B, T]`)."""
-        prompt_len, window = query.shape[2], self.config.window
-        kept = min(prompt_len, window)
-        timeline = torch.arange(prompt_len - kept, prompt_len, device=self.device)
+    def _store_queries(self, query: torch.Tensor, real: torch.Tensor) -> None:
+        """Put the last `min(T, window)` queries `[B, Hq, T, D]` in the ring (valid where `real` `[B, T]`)."""
+        new_tokens, window = query.shape[2], self.config.window
+        kept = min(new_tokens, window)
+        timeline = torch.arange(self.queries_seen + new_tokens - kept, self.queries_seen + new_tokens, device=self.device)
         ring_slots = timeline % window
-        self.query_ring.index_copy_(2, ring_slots, query[:, :, prompt_len - kept :])
-        self.query_valid.zero_()
-        self.query_valid.index_copy_(1, ring_slots, real[:, prompt_len - kept :])
-        self.ring_cursor.fill_(prompt_len % window)
+        self.query_ring.index_copy_(2, ring_slots, query[:, :, new_tokens - kept :])
+        self.query_valid.index_copy_(1, ring_slots, real[:, new_tokens - kept :])
+        self.ring_cursor.fill_((self.queries_seen + new_tokens) % window)
 
     def prefill(
         self,
@@ -292,86 +345,122 @@ class VaSECacheLayer:
         scale: float,
         valid_lengths: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        """Attend over a left-padded prompt and store its real tokens (compressed if longer than C).
+        """`extend` on an empty layer (see there); refuses a layer that holds tokens."""
+        if self.length_bound != 0:
+            raise ValueError(
+                f"prefill: expected an empty layer (call reset() first, or extend() to add tokens); got one "
+                f"holding up to {self.length_bound} tokens"
+            )
+        return self.extend(query, key, value, scale=scale, valid_lengths=valid_lengths)
 
-        A prompt longer than `C` is compressed at once, by the policy's rule, with the last
-        `window` prompt queries as the observation (SnapKV-style); every row longer than
-        `budget` is then evicted (one eviction).
+    def extend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        *,
+        scale: float,
+        valid_lengths: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """Attend `T` new tokens to the cached ones plus themselves causally and store them (eager).
+
+        Processed in chunks of `config.prefill_chunk_size` tokens; a chunk that would overflow
+        the layer is compressed with it by the policy's rule (every row longer than `budget`
+        shrinks to `budget`, one eviction), with the chunk's last `window` queries as the
+        observation (SnapKV-style for a long prompt).
 
         Args:
             query: `[B, Hq, T, D]`; key, value: `[B, Hkv, T, D]` (after RoPE).
             scale: softmax scale.
-            valid_lengths: `[B]` int, the last `valid_lengths[b]` tokens of row b are real
-                (left padding); None means all `T`.
+            valid_lengths: `[B]` int, the last `valid_lengths[b]` tokens of row b are real (left
+                padding, allowed only while a row is still empty); None means all `T`.
 
         Returns:
-            `[B, Hq, T, D]` attention output; zeros for pad queries.
+            `[B, Hq, T, D]` attention output (zeros for pad queries of empty rows).
         """
-        prompt_len = self._check_inputs(query, key, value, scale)
-        if self.length_bound != 0:
-            raise ValueError(
-                f"prefill: expected an empty layer (call reset() first); got one holding up to "
-                f"{self.length_bound} tokens"
-            )
+        new_tokens = self._check_inputs(query, key, value, scale)
         if valid_lengths is not None:
-            check_lengths("valid_lengths", valid_lengths, self.batch_size, 0, prompt_len)
+            check_lengths("valid_lengths", valid_lengths, self.batch_size, 0, new_tokens)
             if valid_lengths.device != self.device:
                 raise ValueError(
                     f"valid_lengths: expected a tensor on {self.device} like the cache; got {valid_lengths.device}"
                 )
-        compress = prompt_len > self.capacity
-        if compress and not self.config.evicts:
+        if not self.config.evicts and self.length_bound + new_tokens > self.capacity:
             raise ValueError(
-                f"key: expected at most capacity = {self.capacity} prompt tokens for policy {self.config.policy!r} "
-                f"(it never evicts); got T={prompt_len}"
+                f"key: the {self.config.policy!r} cache holds {self.capacity} tokens per row and never evicts; "
+                f"{new_tokens} more do not fit next to the {self.length_bound} it may hold"
             )
         self.scale = float(scale)
+        chunk = self.config.prefill_chunk_size
+        outputs = []
+        for start in range(0, new_tokens, chunk):
+            stop = min(new_tokens, start + chunk)
+            part = slice(start, stop)
+            outputs.append(self._extend_chunk(
+                query[:, :, part], key[:, :, part], value[:, :, part],
+                _chunk_lengths(valid_lengths, new_tokens, start, stop), scale,
+            ))  # fmt: skip
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
-        batch, kv_heads, head_dim = self.batch_size, self.num_kv_heads, self.head_dim
-        token = torch.arange(prompt_len, device=self.device)
+    def _extend_chunk(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, valid_lengths: Optional[torch.Tensor],
+        scale: float,
+    ) -> torch.Tensor:
+        batch, kv_heads, new_tokens, head_dim = key.shape
+        start = self.length_bound
+        compress = start + new_tokens > self.capacity
         if valid_lengths is None:
-            lengths = torch.full((batch,), prompt_len, dtype=torch.int32, device=self.device)
+            new_lengths = torch.full((batch,), new_tokens, dtype=torch.int32, device=self.device)
         else:
-            lengths = valid_lengths.to(torch.int32)
-        pads = (prompt_len - lengths).view(batch, 1)
-        real = token.view(1, prompt_len) >= pads  # [B, T], in the padded layout
-        # Left-align: slot j of row b holds token pads_b + j.
-        stored = token.view(1, prompt_len) < lengths.view(batch, 1)  # [B, T], in the stored layout
-        source = (token.view(1, prompt_len) + pads).clamp_max(prompt_len - 1)
-        source = source.view(batch, 1, prompt_len, 1).expand(batch, kv_heads, prompt_len, head_dim)
-        keep = stored.view(batch, 1, prompt_len, 1)
+            new_lengths = valid_lengths.to(torch.int32)
+        token = torch.arange(new_tokens, device=self.device)
+        pads = (new_tokens - new_lengths).view(batch, 1)
+        real = token.view(1, new_tokens) >= pads  # [B, T], in the padded layout
+        # Left-align: new slot j of row b holds token pads_b + j.
+        stored = token.view(1, new_tokens) < new_lengths.view(batch, 1)  # [B, T], in the stored layout
+        source = (token.view(1, new_tokens) + pads).clamp_max(new_tokens - 1)
+        source = source.view(batch, 1, new_tokens, 1).expand(batch, kv_heads, new_tokens, head_dim)
+        keep = stored.view(batch, 1, new_tokens, 1)
         zero = torch.zeros((), dtype=key.dtype, device=self.device)
         keys = torch.where(keep, key.gather(2, source), zero)
         values = torch.where(keep, value.gather(2, source), zero)
 
-        out, _, window_scores = prefill_attention(
-            query, keys, values, scale=scale, causal=True,
-            kv_lens=None if valid_lengths is None else lengths,
-            score_window=self._prefill_score_window(prompt_len, compress),
-        )
-        if self._stores_queries:
-            self._seed_query_ring(query, real)
-
         if compress:
-            target = CacheTensors.empty(batch, kv_heads, prompt_len, head_dim, dtype=self.dtype, device=self.device)
+            target = self._scratch.get(batch, kv_heads, self.capacity + new_tokens, head_dim, self.dtype, self.device)
+            target.load_(self.tensors)
         else:
             target = self.tensors
+        old_lengths = target.lengths.clone()
+        old_next = target.next_positions.clone()
         append_(target, keys, values, value_stat=self.config.value_stat)
-        # The append stored all T slots of every row; un-store the padding (slots >= lengths[b]).
-        pad_slots = ~stored.view(batch, 1, prompt_len)
-        target.positions[:, :, :prompt_len].masked_fill_(pad_slots, -1)
-        target.magnitudes[:, :, :prompt_len].masked_fill_(pad_slots, 0.0)
-        target.lengths.copy_(lengths)
-        target.next_positions.copy_(lengths)
+        # The append stored T slots in every row; un-store the padding.
+        slot = torch.arange(target.num_slots, device=self.device).view(1, 1, -1)
+        first_pad = (old_lengths + new_lengths).view(batch, 1, 1)
+        pad_slots = (slot >= first_pad) & (slot < (old_lengths + new_tokens).view(batch, 1, 1))
+        target.positions.masked_fill_(pad_slots, -1)
+        target.magnitudes.masked_fill_(pad_slots, 0.0)
+        target.lengths.copy_(old_lengths + new_lengths)
+        target.next_positions.copy_(old_next + new_lengths)
+
+        score_window, reset = self._observation_update(new_tokens, start, compress)
+        out, _, window_scores = prefill_attention(
+            query, target.keys, target.values, scale=scale, causal=True, kv_lens=target.lengths,
+            score_window=score_window,
+        )
+        if reset:
+            target.scores.zero_()
         if window_scores is not None:
-            target.scores[:, :, :prompt_len].copy_(window_scores.masked_fill(pad_slots, 0.0))
+            target.scores.add_(window_scores)
+        if self._stores_queries:
+            self._store_queries(query, real)
+        self.queries_seen += new_tokens
 
         if compress:
             self._evict(target, importance=None, trigger_length=self.config.budget + 1)
             self.tensors.fill_(target)
             self.length_bound = self.config.budget
         else:
-            self.length_bound = prompt_len
+            self.length_bound = start + new_tokens
         return out
 
     # ----------------------------------------------------------------------------- decode
@@ -380,9 +469,11 @@ class VaSECacheLayer:
         """Host-side bookkeeping before one decode step (eager, never inside a compiled graph).
 
         Evicts when the layer is full, opens the next observation window of emitted window
-        scores `window` steps before the eviction that will close it, and counts the step.
-        Reads nothing back from the device.
+        scores `window` steps before the eviction that will close it, counts the step, and
+        releases the prefill scratch of a layer built alone. Reads nothing back from the device.
         """
+        if self._owns_scratch:
+            self._scratch.release()
         if self.length_bound >= self.capacity:
             if not self.config.evicts:
                 raise ValueError(
@@ -393,6 +484,7 @@ class VaSECacheLayer:
         if self._emits_scores and self.policy.observation == OBSERVE_WINDOW and self.length_bound == self.config.budget:
             self.scores.zero_()
         self.length_bound += 1
+        self.queries_seen += 1
 
     def decode_step(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, scale: float) -> torch.Tensor:
         """Append one token per sequence and attend over the cache; device-only, trace-safe.
@@ -517,3 +609,4 @@ class VaSECacheLayer:
             self.ring_cursor.zero_()
         self.length_bound = 0
         self.n_evictions = 0
+        self.queries_seen = 0

@@ -56,11 +56,21 @@ class CacheTensors(NamedTuple):
         """`[B, 1, N]` bool: slot < lengths[b]."""
         return slot_mask(self.lengths, self.num_slots, 0)
 
+    def prefix(self, slots: int) -> "CacheTensors":
+        """Views of the first `slots` slots of every row (counters shared)."""
+        return CacheTensors(*(buffer if buffer.dim() == 1 else buffer[:, :, :slots] for buffer in self))
+
     def fill_(self, other: "CacheTensors") -> None:
         """Copy `other`'s first `N` slots (and counters) into these buffers, in place."""
-        slots = self.num_slots
-        for mine, theirs in zip(self, other):
-            mine.copy_(theirs if mine.dim() == 1 else theirs[:, :, :slots])
+        for mine, theirs in zip(self, other.prefix(self.num_slots)):
+            mine.copy_(theirs)
+
+    def load_(self, other: "CacheTensors") -> None:
+        """Hold `other`'s rows (at most `N` slots) in the first slots; the slots after them are empty."""
+        filled = other.num_slots
+        self.prefix(filled).fill_(other)
+        self.positions[:, :, filled:].fill_(-1)
+        self.scores[:, :, filled:].zero_()
 
     def reset_(self) -> None:
         """Empty every row without reallocating."""

@@ -50,6 +50,9 @@ class VaSEConfig:
         dkv_rank: width of the Gaussian projection of `vase-dkv`.
         seed: seed of every eviction draw (Gumbel noise, `vase-dkv` projections), combined
             with the layer and the eviction counter.
+        prefill_chunk_size: multi-token inputs (prompts, new chat turns) are processed in
+            chunks of at most this many tokens, the cache compressed between chunks, so
+            prefill holds at most `capacity + prefill_chunk_size` slots per row and layer.
     """
 
     policy: str = "vase"
@@ -65,6 +68,7 @@ class VaSEConfig:
     rkv_lambda: float = 0.1
     dkv_rank: int = 20
     seed: int = 0
+    prefill_chunk_size: int = 4096
 
     def __post_init__(self) -> None:
         policy = get_policy(self.policy) if isinstance(self.policy, str) else None
@@ -73,7 +77,7 @@ class VaSEConfig:
         for name, choices in (("value_stat", VALUE_STATS), ("score_mode", SCORE_MODES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name}: expected one of {', '.join(choices)}; got {getattr(self, name)!r}")
-        for name in ("budget", "window", "n_sink", "pool_kernel", "dkv_rank", "seed"):
+        for name in ("budget", "window", "n_sink", "pool_kernel", "dkv_rank", "seed", "prefill_chunk_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name}: expected an int; got {type(value).__name__} {value!r}")
@@ -89,6 +93,11 @@ class VaSEConfig:
         kept_candidates = self.budget - self.window
         if not 0 <= self.n_sink <= kept_candidates:
             raise ValueError(f"n_sink: expected 0 <= n_sink <= budget - window = {kept_candidates}; got {self.n_sink}")
+        if self.prefill_chunk_size < self.window:
+            raise ValueError(
+                f"prefill_chunk_size: expected >= window = {self.window} (a chunk that triggers an eviction "
+                f"is its observation window); got {self.prefill_chunk_size}"
+            )
         if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
             raise ValueError(f"pool_kernel: expected an odd width >= 1; got {self.pool_kernel}")
         if self.dkv_rank < 1:

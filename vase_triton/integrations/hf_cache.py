@@ -6,18 +6,24 @@ the registered `vase` attention function, which reads and writes the static
 buffers. Host-side bookkeeping (tokens seen, when to evict) happens in
 `begin_step`, which the patched model forward calls eagerly before every step,
 outside any compiled region, so the compiled decode step itself touches no
-Python state.
+Python state. A step of one token per row is a decode step; any other step (a prompt,
+a new chat turn on a filled cache) extends the cache in chunks.
+
+Each layer's buffers live on the device that runs that decoder layer (models split
+over GPUs with `device_map`), and are sized for the KV heads that device holds
+(tensor parallelism shards heads; per-head eviction needs no communication).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from vase_triton.cache import VaSECacheLayer
+from vase_triton.cache import PrefillScratch, VaSECacheLayer
 from vase_triton.config import VaSEConfig
+from vase_triton.ops.attention import decode_workspace
 from vase_triton.validation import host_checks_allowed
 
 
@@ -48,6 +54,11 @@ class _PassThroughLayer(CacheLayerMixin):
         return None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.owner.in_step:
+            raise RuntimeError(
+                "cache: a VaSECache was handed to a model that vase_triton has not patched (its attention would "
+                "ignore the cache); call vase_triton.patch_qwen3(model) (or patch_qwen2 / patch_llama) first"
+            )
         return key_states, value_states
 
     def get_seq_length(self, *args, **kwargs) -> int:
@@ -75,17 +86,49 @@ class _PassThroughLayer(CacheLayerMixin):
         raise UnsupportedCacheOperation("VaSECache cannot be cropped: evicted tokens are gone")
 
 
+
+def _local_rows(weight: torch.Tensor) -> int:
+    """Output rows of a projection weight held by this process (a tensor-parallel shard's, if sharded)."""
+    local = weight.to_local() if hasattr(weight, "to_local") else weight
+    return local.shape[0]
+
+
+def _execution_device(module: torch.nn.Module) -> torch.device:
+    """Where `module` runs: an accelerate hook's execution device, else its first parameter's device."""
+    for candidate in (module, *module.children()):
+        hook_device = getattr(getattr(candidate, "_hf_hook", None), "execution_device", None)
+        if hook_device is not None:
+            return torch.device(f"cuda:{hook_device}" if isinstance(hook_device, int) else hook_device)
+    parameter = next(module.parameters(), None)
+    if parameter is None:
+        raise ValueError(f"model: decoder layer {type(module).__name__} has no parameters to place its cache by")
+    return parameter.device
+
+
+def decoder_layers(model) -> Sequence[torch.nn.Module]:
+    """The decoder layers of a transformers causal LM (`model.model.layers`)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise TypeError(f"model: expected a causal LM with decoder layers at model.model.layers; got {type(model).__name__}")
+    return layers
+
+
 class VaSECache(Cache):
     """Static VaSE KV cache for a whole decoder: one `VaSECacheLayer` per layer.
 
     Args:
         config: eviction policy and sizes.
-        num_layers, batch_size, num_kv_heads, head_dim: model and batch geometry.
-        dtype, device: of the key/value buffers (the model's).
-        max_length: total tokens (prompt + new) the `full` policy must hold; ignored otherwise.
+        num_layers, batch_size, num_kv_heads, head_dim: model and batch geometry (KV heads
+            held by this process).
+        dtype, device: of the key/value buffers; `device` may be one device or one per layer.
+        max_length: total tokens (prompt + new) a policy that never evicts must hold; ignored otherwise.
+        num_query_heads: query heads held by this process (sizes the decode workspaces and
+            the query rings here); None sizes them at the first prefill.
 
     Every buffer is allocated here, once: keys/values `[B, Hkv, C, D]` per layer with
-    `C = budget + window` (or `max_length` for `full`).
+    `C = budget + window` (or `max_length`), one decode workspace per device. The one
+    exception is the prefill scratch (at most `C + prefill_chunk_size` slots per row, one per
+    device), held only from the first chunk that overflows a layer until decoding starts.
     """
 
     def __init__(
@@ -110,45 +153,62 @@ class VaSECache(Cache):
         for name, value in (("num_layers", num_layers), ("batch_size", batch_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: expected a positive int; got {value!r}")
+        devices = list(device) if isinstance(device, (list, tuple)) else [device] * num_layers
+        if len(devices) != num_layers:
+            raise ValueError(f"device: expected one device or {num_layers} (one per layer); got {len(devices)}")
         capacity = max_length if not config.evicts else None
         self.vase_config = config
-        first = VaSECacheLayer(
-            config, batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
-            device=device, capacity=capacity, layer_idx=0, num_query_heads=num_query_heads,
-        )
-        # Layers run one after another: the first layer's decode workspace serves them all.
-        shared = first._workspace if num_query_heads is not None else None
-        self.stores = [first] + [
-            VaSECacheLayer(
-                config, batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
-                device=device, capacity=capacity, layer_idx=index, num_query_heads=num_query_heads,
-                workspace=shared,
+        self._scratch = PrefillScratch()
+        self._workspaces: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+        emits = config.policy_spec.decode_emits_scores(config.score_mode)
+        slots = capacity if capacity is not None else config.capacity
+        self.stores = []
+        for index, layer_device in enumerate(devices):
+            layer_device = torch.device(layer_device)
+            if num_query_heads is not None and layer_device not in self._workspaces:
+                shape_only = torch.empty((), dtype=dtype, device=layer_device).expand(
+                    batch_size, num_kv_heads, slots, head_dim
+                )
+                self._workspaces[layer_device] = decode_workspace(num_query_heads, shape_only, dtype, emit_scores=emits)
+            self.stores.append(
+                VaSECacheLayer(
+                    config, batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
+                    device=layer_device, capacity=capacity, layer_idx=index, num_query_heads=num_query_heads,
+                    workspace=self._workspaces.get(layer_device), scratch=self._scratch,
+                )
             )
-            for index in range(1, num_layers)
-        ]
         super().__init__(layers=[_PassThroughLayer(self, store) for store in self.stores])
         self.seen_tokens = 0
-        self.in_prefill = False
-        self.prefill_valid_lengths: Optional[torch.Tensor] = None
+        self.in_step = False
+        # Whether the open step adds one token per row to a cache that holds tokens (set by
+        # begin_step: traced code reads this flag, never the token counts).
+        self.is_decode_step = False
+        self.step_valid_lengths: Optional[torch.Tensor] = None
+        self._mask_placeholders: dict[torch.device, torch.Tensor] = {}
 
     @classmethod
     def for_model(
         cls, model, config: VaSEConfig, *, batch_size: int, max_length: Optional[int] = None
     ) -> "VaSECache":
-        """A cache sized for `model` (a transformers causal LM) and `batch_size` sequences."""
+        """A cache sized for `model` (a transformers causal LM) and `batch_size` sequences.
+
+        Each layer's buffers go where its decoder layer runs (`device_map`, accelerate hooks)
+        and hold the KV heads its attention projections produce in this process.
+        """
         text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
-        num_kv_heads = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
+        layers = decoder_layers(model)
+        attention = layers[0].self_attn
         return cls(
             config,
-            num_layers=text_config.num_hidden_layers,
+            num_layers=len(layers),
             batch_size=batch_size,
-            num_kv_heads=num_kv_heads,
+            num_kv_heads=_local_rows(attention.k_proj.weight) // head_dim,
             head_dim=head_dim,
             dtype=model.dtype,
-            device=model.device,
+            device=[_execution_device(layer) for layer in layers],
             max_length=max_length,
-            num_query_heads=text_config.num_attention_heads,
+            num_query_heads=_local_rows(attention.q_proj.weight) // head_dim,
         )
 
     @property
@@ -163,54 +223,70 @@ class VaSECache(Cache):
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes of every buffer the cache owns: all layers' buffers and the shared decode workspace."""
-        return sum(store.memory_bytes for store in self.stores)
+        """Bytes of every buffer the cache owns: the layers', the decode workspaces and the prefill scratch."""
+        shared = [t for workspace in self._workspaces.values() for t in workspace] + list(self._scratch.buffers())
+        return sum(store.memory_bytes for store in self.stores) + sum(t.numel() * t.element_size() for t in shared)
 
     def begin_step(self, num_new_tokens: int, attention_mask: Optional[torch.Tensor] = None) -> None:
         """Host-side bookkeeping before a forward pass that adds `num_new_tokens` tokens per row.
 
-        On the first step (prefill) reads the per-row real lengths from a left-padded
-        2D `attention_mask` `[B, T]`. On later steps (one token each) evicts every layer
-        whose cache is full, before the step appends. Reads nothing back from the device
-        during decode. `end_step` must follow the forward pass.
+        A step of one token on a cache that holds tokens is a decode step: layers that are
+        full evict now, and nothing is read back from the device. Any other step extends the
+        cache; a 2D `attention_mask` (`[B, seen + T]` or `[B, T]`) gives each row's real new
+        tokens, which must be left-padded: padding may only precede a row's first token.
+        `end_step` (or `abort_step`) must follow the forward pass.
         """
-        self.in_prefill = self.seen_tokens == 0
-        if self.in_prefill:
-            self.prefill_valid_lengths = self._valid_lengths(num_new_tokens, attention_mask)
-            return
-        if num_new_tokens != 1:
-            raise ValueError(
-                f"input_ids: a VaSECache that already holds a sequence accepts one new token per step; "
-                f"got {num_new_tokens} (to start a new generation, pass a new cache or call cache.reset())"
-            )
-        for store in self.stores:
-            if store.length_bound >= store.capacity and not store.config.evicts:
-                raise ValueError(
-                    f"max_length: the {store.config.policy!r} cache holds {store.capacity} tokens and is full; "
-                    "create it with a larger max_length"
-                )
-            store.prepare_decode_step()
+        if not isinstance(num_new_tokens, int) or num_new_tokens < 1:
+            raise ValueError(f"input_ids: expected at least one new token per row; got {num_new_tokens!r}")
+        self.step_valid_lengths = None
+        self.is_decode_step = num_new_tokens == 1 and self.seen_tokens > 0
+        if self.is_decode_step:
+            self._scratch.release()
+            for store in self.stores:
+                if store.length_bound >= store.capacity and not store.config.evicts:
+                    raise ValueError(
+                        f"max_length: the {store.config.policy!r} cache holds {store.capacity} tokens and is full; "
+                        "create it with a larger max_length"
+                    )
+                store.prepare_decode_step()
+        else:
+            self.step_valid_lengths = self._valid_lengths(num_new_tokens, attention_mask)
+        self.in_step = True
 
     def end_step(self, num_new_tokens: int) -> None:
         """Count the tokens of the forward pass that `begin_step` opened."""
         self.seen_tokens += num_new_tokens
-        self.in_prefill = False
+        self.abort_step()
+
+    def abort_step(self) -> None:
+        """Close the open step without counting its tokens (its forward pass raised)."""
+        self.in_step = False
+        self.step_valid_lengths = None
+
+    def mask_placeholder(self, device) -> torch.Tensor:
+        """A constant `[1, 1, 1, 1]` mask passed to transformers instead of the 2D one (the cache tracks padding)."""
+        device = torch.device(device)
+        if device not in self._mask_placeholders:
+            self._mask_placeholders[device] = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
+        return self._mask_placeholders[device]
 
     def _valid_lengths(self, num_tokens: int, attention_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         if attention_mask is None or attention_mask.dim() != 2:
             return None
-        if tuple(attention_mask.shape) != (self.batch_size, num_tokens):
+        width, batch = attention_mask.shape[1], self.stores[0].batch_size
+        if attention_mask.shape[0] != batch or width not in (num_tokens, self.seen_tokens + num_tokens):
             raise ValueError(
-                f"attention_mask: expected shape [B, T] = [{self.batch_size}, {num_tokens}]; "
-                f"got {list(attention_mask.shape)}"
+                f"attention_mask: expected shape [B, T] = [{batch}, {num_tokens}] or [B, seen + T] = "
+                f"[{batch}, {self.seen_tokens + num_tokens}]; got {list(attention_mask.shape)}"
             )
         mask = attention_mask.to(torch.bool)
-        if host_checks_allowed(mask) and num_tokens > 1 and bool((mask[:, 1:] < mask[:, :-1]).any()):
+        if host_checks_allowed(mask) and width > 1 and bool((mask[:, 1:] < mask[:, :-1]).any()):
             raise ValueError(
-                "attention_mask: expected left padding (zeros only before the first real token of each row); "
-                "got padding after real tokens (set tokenizer.padding_side = 'left')"
+                "attention_mask: expected left padding (zeros only before each row's first real token, which also "
+                "rules out padding inside a new turn on a filled cache); got padding after real tokens (set "
+                "tokenizer.padding_side = 'left', and give every row of a new turn the same length)"
             )
-        return mask.sum(dim=-1).to(torch.int32)
+        return mask[:, width - num_tokens :].sum(dim=-1).to(torch.int32)
 
     def attend(
         self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
@@ -224,13 +300,15 @@ class VaSECache(Cache):
             `[B, Hq, T, D]`.
         """
         store = self.stores[layer_idx]
-        if self.in_prefill:
-            return store.prefill(query, key, value, scale=scale, valid_lengths=self.prefill_valid_lengths)
-        return store.decode_step(query, key, value, scale=scale)
+        if self.is_decode_step:
+            return store.decode_step(query, key, value, scale=scale)
+        valid = self.step_valid_lengths
+        if valid is not None and valid.device != store.device:
+            valid = valid.to(store.device)
+        return store.extend(query, key, value, scale=scale, valid_lengths=valid)
 
     def reset(self) -> None:
         """Empty every layer without reallocating, ready for a new generation."""
         super().reset()
         self.seen_tokens = 0
-        self.in_prefill = False
-        self.prefill_valid_lengths = None
+        self.abort_step()

@@ -1,11 +1,16 @@
 """Explicit, reversible patching of a transformers causal LM with the VaSE cache and kernels.
 
-`patch_model` changes three things on one model instance, and `unpatch` undoes
-exactly those: the attention implementation (set to the registered `vase`
-function), and instance-level `forward` and `generate` wrappers. The forward
-wrapper does the cache's host-side bookkeeping eagerly and hands the cache to
-the attention function; the generate wrapper creates a `VaSECache` sized for the
-call when the caller passes none. Nothing happens at import time.
+`patch_model` changes three things on one model instance, and `unpatch` undoes exactly
+those: the attention implementation (set to the registered VaSE function over the
+model's own implementation), and the instance's `forward` and `generate`, wrapped.
+Whatever the instance had — the class methods, or instance attributes such as
+accelerate's dispatch hooks — is what the wrappers call and what `unpatch` puts back.
+
+The forward wrapper does the cache's host-side bookkeeping eagerly, hands the cache to
+the attention function and splits long inputs into chunks; without a `VaSECache` it is
+a plain call of the previous forward, and attention is the model's original one. The
+generate wrapper creates a `VaSECache` sized for the call when the caller passes none.
+Nothing happens at import time.
 """
 
 from __future__ import annotations
@@ -13,17 +18,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import warnings
 from types import MethodType
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from vase_triton.config import VaSEConfig
-from vase_triton.integrations.attention import ATTENTION_NAME, register_attention
+from vase_triton.integrations.attention import register_attention
 from vase_triton.integrations.hf_cache import VaSECache
 
 _STATE_ATTR = "_vase_patch_state"
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_CACHE_KWARGS = ("cache", "past_key_values")
+_MISSING = object()
 
 
 @dataclasses.dataclass
@@ -33,6 +41,9 @@ class _PatchState:
     cache_kwarg: str
     compile_mode: Optional[str]
     compiled_forward: Optional[Callable]
+    previous_forward: Callable  # what the instance's `forward` was (class method or instance attribute)
+    previous_generate: Callable
+    saved_attributes: dict  # instance attributes replaced by the patch (absent: _MISSING)
 
 
 def _cache_kwarg(model) -> str:
@@ -53,47 +64,51 @@ def is_patched(model) -> bool:
     return _STATE_ATTR in getattr(model, "__dict__", {})
 
 
+def patch_state(model) -> Optional[_PatchState]:
+    """The patch of `model` (configuration, compile mode), or None."""
+    return getattr(model, "__dict__", {}).get(_STATE_ATTR)
+
+
 def patch_model(
     model,
-    supported_model_types: tuple[str, ...],
+    check_model: Callable[[Any], None],
     config: Optional[VaSEConfig] = None,
     *,
     compile_mode: Optional[str] = None,
     **overrides,
 ):
-    """Patch a causal LM whose `config.model_type` is one of `supported_model_types`.
+    """Patch a causal LM that `check_model` accepts (it raises a clear error otherwise).
 
-    Patching an already patched model only replaces its configuration (idempotent).
+    Patching an already patched model only replaces its configuration and compile mode.
     Returns the same model object.
     """
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in supported_model_types or not hasattr(model, "generate"):
-        raise TypeError(
-            f"model: expected a transformers causal LM of type {', '.join(supported_model_types)}; "
-            f"got {type(model).__name__} with model_type={model_type!r}"
-        )
+    check_model(model)
     if compile_mode not in COMPILE_MODES:
         raise ValueError(f"compile_mode: expected one of {COMPILE_MODES}; got {compile_mode!r}")
     vase_config = _resolve_config(config, overrides)
-    register_attention()
 
-    if is_patched(model):
-        state = getattr(model, _STATE_ATTR)
+    state = patch_state(model)
+    if state is not None:
         state.config = vase_config
         if compile_mode != state.compile_mode:
             state.compile_mode = compile_mode
-            state.compiled_forward = _compile_forward(model, compile_mode)
+            state.compiled_forward = _compile(state.previous_forward, compile_mode)
         return model
 
+    original = model.config._attn_implementation
+    name = register_attention(original)
+    previous_forward, previous_generate = model.forward, model.generate
     state = _PatchState(
         config=vase_config,
-        original_attn_implementation=model.config._attn_implementation,
+        original_attn_implementation=original,
         cache_kwarg=_cache_kwarg(model),
         compile_mode=compile_mode,
-        compiled_forward=None,
+        compiled_forward=_compile(previous_forward, compile_mode),
+        previous_forward=previous_forward,
+        previous_generate=previous_generate,
+        saved_attributes={attribute: model.__dict__.get(attribute, _MISSING) for attribute in ("forward", "generate")},
     )
-    model.set_attn_implementation(ATTENTION_NAME)
-    state.compiled_forward = _compile_forward(model, compile_mode)
+    model.set_attn_implementation(name)
     model.forward = MethodType(_with_signature_of(type(model).forward, _patched_forward), model)
     model.generate = MethodType(_with_signature_of(type(model).generate, _patched_generate), model)
     setattr(model, _STATE_ATTR, state)
@@ -101,12 +116,15 @@ def patch_model(
 
 
 def unpatch(model):
-    """Undo `patch_*`: the model's attention implementation, `forward` and `generate` are restored."""
-    if not is_patched(model):
+    """Undo `patch_*`: the attention implementation and exactly the `forward` and `generate` the instance had."""
+    state = patch_state(model)
+    if state is None:
         return model
-    state = getattr(model, _STATE_ATTR)
-    del model.forward
-    del model.generate
+    for attribute, saved in state.saved_attributes.items():
+        if saved is _MISSING:
+            delattr(model, attribute)
+        else:
+            setattr(model, attribute, saved)
     delattr(model, _STATE_ATTR)
     model.set_attn_implementation(state.original_attn_implementation)
     return model
@@ -122,14 +140,28 @@ def _with_signature_of(original: Callable, wrapper: Callable) -> Callable:
     return wrapped
 
 
-def _compile_forward(model, compile_mode: Optional[str]) -> Optional[Callable]:
+def _compile(forward: Callable, compile_mode: Optional[str]) -> Optional[Callable]:
     if compile_mode is None:
         return None
-    original = type(model).forward.__get__(model)
-    return torch.compile(original, fullgraph=True, dynamic=False, mode=None if compile_mode == "default" else compile_mode)
+    return torch.compile(forward, fullgraph=True, dynamic=False, mode=None if compile_mode == "default" else compile_mode)
 
 
-def _num_new_tokens(args: tuple, kwargs: dict) -> int:
+def _find_cache(kwargs: dict):
+    """The cache the caller passed, under either name transformers has used."""
+    for name in _CACHE_KWARGS:
+        if kwargs.get(name) is not None:
+            return kwargs[name]
+    return None
+
+
+def _accept_newer_cache_keyword(state: _PatchState, kwargs: dict) -> None:
+    """`cache=` on a transformers that only knows `past_key_values` (< 5.24) is renamed; the reverse is
+    left to transformers, which accepts the old name with its own deprecation warning."""
+    if state.cache_kwarg == "past_key_values" and kwargs.get("cache") is not None:
+        kwargs["past_key_values"] = kwargs.pop("cache")
+
+
+def _new_tokens(args: tuple, kwargs: dict) -> int:
     input_ids = kwargs.get("input_ids", args[0] if args else None)
     if input_ids is not None:
         return input_ids.shape[1]
@@ -139,31 +171,85 @@ def _num_new_tokens(args: tuple, kwargs: dict) -> int:
     return inputs_embeds.shape[1]
 
 
-def _normalise_cache_kwarg(state: _PatchState, kwargs: dict) -> None:
-    """Accept both `cache=` and `past_key_values=` whatever the installed transformers calls it."""
-    for name in ("cache", "past_key_values"):
-        if name != state.cache_kwarg and kwargs.get(name) is not None:
-            kwargs[state.cache_kwarg] = kwargs.pop(name)
+def _refuse_gradients(model) -> None:
+    parameter = next(model.parameters(), None)
+    if torch.is_grad_enabled() and parameter is not None and parameter.requires_grad:
+        raise RuntimeError(
+            "cache: the VaSE cache path is for inference and has no gradients; run it under torch.no_grad() or "
+            "torch.inference_mode(), or train without a VaSECache (the original attention then runs)"
+        )
 
 
 def _patched_forward(self, *args, **kwargs):
-    """Model forward with the VaSE cache's eager bookkeeping; decode steps may run compiled."""
-    state: _PatchState = getattr(self, _STATE_ATTR)
-    original = type(self).forward.__get__(self)
-    _normalise_cache_kwarg(state, kwargs)
-    cache = kwargs.get(state.cache_kwarg)
+    """Model forward: with a `VaSECache`, its eager bookkeeping and chunked prefill; otherwise unchanged."""
+    state: _PatchState = patch_state(self)
+    _accept_newer_cache_keyword(state, kwargs)
+    cache = _find_cache(kwargs)
     if not isinstance(cache, VaSECache):
-        return original(*args, **kwargs)
-    num_new_tokens = _num_new_tokens(args, kwargs)
-    cache.begin_step(num_new_tokens, kwargs.get("attention_mask"))
+        return state.previous_forward(*args, **kwargs)
+    _refuse_gradients(self)
+    if args:
+        kwargs["input_ids"], args = args[0], args[1:]
+    if args:
+        raise TypeError("forward: with a VaSECache, pass every argument but input_ids by keyword")
+    new_tokens = _new_tokens((), kwargs)
+    chunk = state.config.prefill_chunk_size
+    if new_tokens <= chunk or isinstance(kwargs.get("logits_to_keep"), torch.Tensor):
+        return _run_step(self, state, cache, kwargs, new_tokens)
+    outputs = []
+    keep = kwargs.get("logits_to_keep", 0) or 0
+    for start in range(0, new_tokens, chunk):
+        stop = min(new_tokens, start + chunk)
+        part = _chunk_kwargs(kwargs, new_tokens, start, stop)
+        needed = stop - start if keep == 0 else max(0, keep - (new_tokens - stop))
+        if "logits_to_keep" in inspect.signature(type(self).forward).parameters:
+            part["logits_to_keep"] = 0 if needed == stop - start else max(needed, 1)
+        outputs.append((needed, _run_step(self, state, cache, part, stop - start)))
+    return _join_chunk_outputs(outputs)
+
+
+def _run_step(model, state: _PatchState, cache: VaSECache, kwargs: dict, new_tokens: int):
+    cache.begin_step(new_tokens, kwargs.get("attention_mask"))
     kwargs["vase_cache"] = cache
-    if not cache.in_prefill:
-        # The cache tracks padding itself; the growing 2D mask would only change input shapes.
-        kwargs.pop("attention_mask", None)
-    run = state.compiled_forward if state.compiled_forward is not None and not cache.in_prefill else original
-    output = run(*args, **kwargs)
-    cache.end_step(num_new_tokens)
+    # The cache tracks padding itself. A 4D placeholder mask makes transformers skip mask
+    # creation, which would otherwise read host-side lengths into compiled graphs.
+    inputs = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else kwargs["inputs_embeds"]
+    kwargs["attention_mask"] = cache.mask_placeholder(inputs.device)
+    decode = cache.is_decode_step
+    run = state.compiled_forward if state.compiled_forward is not None and decode else state.previous_forward
+    try:
+        output = run(**kwargs)
+    except BaseException:
+        cache.abort_step()
+        raise
+    cache.end_step(new_tokens)
     return output
+
+
+def _chunk_kwargs(kwargs: dict, total: int, start: int, stop: int) -> dict:
+    """The forward arguments of tokens `[start, stop)` of a `total`-token input."""
+    part = dict(kwargs)
+    for name in ("input_ids", "inputs_embeds", "position_ids", "token_type_ids"):
+        if isinstance(kwargs.get(name), torch.Tensor):
+            part[name] = kwargs[name][:, start:stop]
+    if isinstance(kwargs.get("cache_position"), torch.Tensor):
+        part["cache_position"] = kwargs["cache_position"][start:stop]
+    mask = kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+        part["attention_mask"] = mask[:, : mask.shape[1] - (total - stop)]
+    return part
+
+
+def _join_chunk_outputs(outputs: list):
+    """One output for a chunked input: logits (and hidden states) of the kept positions, in order."""
+    last = outputs[-1][1]
+    logits = [output.logits[:, output.logits.shape[1] - needed :] for needed, output in outputs if needed > 0]
+    last.logits = torch.cat(logits, dim=1)
+    if getattr(last, "hidden_states", None) is not None:
+        last.hidden_states = tuple(
+            torch.cat(layer_states, dim=1) for layer_states in zip(*(output.hidden_states for _, output in outputs))
+        )
+    return last
 
 
 def _generation_setting(self, kwargs: dict, name: str):
@@ -171,37 +257,52 @@ def _generation_setting(self, kwargs: dict, name: str):
     return kwargs.get(name, getattr(generation_config, name, None))
 
 
+_REFUSED_GENERATION = {
+    "num_beams": ("beam search", lambda value: value is not None and value > 1),
+    "assistant_model": ("assisted decoding", lambda value: value is not None),
+    "prompt_lookup_num_tokens": ("prompt-lookup decoding", lambda value: value is not None),
+}
+
+
 def _patched_generate(self, *args, **kwargs):
     """`generate` that creates a `VaSECache` for this call when none is given."""
-    state: _PatchState = getattr(self, _STATE_ATTR)
-    num_beams = _generation_setting(self, kwargs, "num_beams") or 1
-    if num_beams > 1:
-        raise ValueError(
-            f"num_beams: VaSE caches evict different tokens per row and do not support beam search; "
-            f"expected 1, got {num_beams}"
-        )
-    _normalise_cache_kwarg(state, kwargs)
-    cache = kwargs.get(state.cache_kwarg)
-    if isinstance(cache, VaSECache):
-        if cache.seen_tokens > 0:
+    state: _PatchState = patch_state(self)
+    for name, (feature, refused) in _REFUSED_GENERATION.items():
+        value = _generation_setting(self, kwargs, name)
+        if refused(value):
             raise ValueError(
-                f"{state.cache_kwarg}: this VaSECache already holds a generation "
-                f"({cache.seen_tokens} tokens); pass a new cache or call cache.reset() first"
+                f"{name}: a VaSE cache evicts different tokens per row and cannot roll back, so {feature} is not "
+                f"supported; got {name}={value!r} (unpatch the model, or use plain or sampled decoding)"
             )
-    elif cache is None and kwargs.get("use_cache", True):
-        inputs = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
-        if inputs is None:
-            inputs = kwargs.get("inputs_embeds")
-        if inputs is None:
-            raise ValueError("input_ids: a patched generate needs input_ids or inputs_embeds to size its VaSECache")
-        num_return_sequences = _generation_setting(self, kwargs, "num_return_sequences") or 1
-        max_new_tokens = _generation_setting(self, kwargs, "max_new_tokens")
-        if max_new_tokens is None:
-            max_new_tokens = max(1, (_generation_setting(self, kwargs, "max_length") or 0) - inputs.shape[1])
-        kwargs[state.cache_kwarg] = VaSECache.for_model(
-            self,
-            state.config,
-            batch_size=inputs.shape[0] * num_return_sequences,
-            max_length=inputs.shape[1] + max_new_tokens,
+    cache_implementation = _generation_setting(self, kwargs, "cache_implementation")
+    if cache_implementation is not None:
+        warnings.warn(
+            f"cache_implementation={cache_implementation!r} is ignored: the patched model generates with a "
+            "VaSECache (unpatch it to use another cache)",
+            stacklevel=2,
         )
-    return type(self).generate(self, *args, **kwargs)
+        kwargs["cache_implementation"] = None
+    _accept_newer_cache_keyword(state, kwargs)
+    cache = _find_cache(kwargs)
+    if cache is None and kwargs.get("use_cache", True):
+        kwargs[state.cache_kwarg] = _cache_for_call(self, state, args, kwargs)
+    return state.previous_generate(*args, **kwargs)
+
+
+def _cache_for_call(model, state: _PatchState, args: tuple, kwargs: dict) -> VaSECache:
+    """A `VaSECache` sized for one `generate` call: its batch (times return sequences) and length."""
+    inputs = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
+    if inputs is None:
+        inputs = kwargs.get("inputs_embeds")
+    if inputs is not None:
+        batch, prompt_len = inputs.shape[0], inputs.shape[1]
+    else:  # generation starts from the BOS token
+        mask = kwargs.get("attention_mask")
+        batch, prompt_len = (mask.shape[0], mask.shape[1] + 1) if mask is not None else (1, 1)
+    num_return_sequences = _generation_setting(model, kwargs, "num_return_sequences") or 1
+    max_new_tokens = _generation_setting(model, kwargs, "max_new_tokens")
+    if max_new_tokens is None:
+        max_new_tokens = max(1, (_generation_setting(model, kwargs, "max_length") or 0) - prompt_len)
+    return VaSECache.for_model(
+        model, state.config, batch_size=batch * num_return_sequences, max_length=prompt_len + max_new_tokens
+    )

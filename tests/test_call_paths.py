@@ -1,0 +1,315 @@
+"""Every way users drive a patched model behaves as the unpatched model (policy `full`), or
+refuses clearly: calls without a VaSE cache, hooks, devices, nesting, multi-turn chat,
+chunked long prompts, Qwen3-MoE, and transformers' generate conventions."""
+
+from __future__ import annotations
+
+import inspect
+import types
+import warnings
+
+import pytest
+import torch
+from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+import vase_triton
+from vase_triton import VaSECache, VaSEConfig
+from vase_triton.demo_model import ByteTokenizer, tiny_qwen3
+
+PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Hi!", "Count: 1, 2, 3,"]
+TURNS = [" Tell me more.", " And then?"]
+
+
+@pytest.fixture(autouse=True)
+def _reference_backend(monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+
+
+@pytest.fixture
+def model():
+    return tiny_qwen3(seed=1)
+
+
+@pytest.fixture
+def tokenizer():
+    return ByteTokenizer()
+
+
+def greedy(model, max_new_tokens, **kwargs):
+    out = model.generate(max_new_tokens=max_new_tokens, do_sample=False, output_logits=True,
+                         return_dict_in_generate=True, **kwargs)
+    return out.sequences, torch.stack(out.logits, dim=1)
+
+
+FULL = VaSEConfig(policy="full", budget=512, window=16)
+
+
+# ---------------------------------------------------------------------------- without a VaSE cache
+
+
+@pytest.mark.parametrize("cache_kind", ["none", "use_cache_false", "dynamic"])
+def test_calls_without_a_vase_cache_are_the_original_attention(model, tokenizer, cache_kind):
+    inputs = tokenizer(PROMPTS)  # left-padded
+    kwargs = {"use_cache": False} if cache_kind == "use_cache_false" else {}
+
+    def run():
+        extra = {"past_key_values": DynamicCache()} if cache_kind == "dynamic" else {}
+        with torch.no_grad():
+            return model(**inputs, **kwargs, **extra).logits
+
+    want = run()
+    vase_triton.patch_qwen3(model, FULL)
+    assert torch.equal(run(), want)
+    with torch.no_grad():  # the inner model called directly, bypassing the patched forward
+        inner = model.model(**inputs).last_hidden_state
+    vase_triton.unpatch(model)
+    with torch.no_grad():
+        assert torch.equal(inner, model.model(**inputs).last_hidden_state)
+
+
+def test_training_runs_the_original_attention_and_the_vase_path_refuses_gradients(model, tokenizer):
+    inputs = tokenizer(PROMPTS[:2])
+    labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+    model.train()
+    want = model(**inputs, labels=labels).loss
+    vase_triton.patch_qwen3(model, FULL)
+    loss = model(**inputs, labels=labels).loss
+    loss.backward()
+    torch.testing.assert_close(loss, want)
+    assert model.lm_head.weight.grad is not None
+    cache = VaSECache.for_model(model, FULL, batch_size=2, max_length=64)
+    with pytest.raises(RuntimeError, match="inference.*no_grad"):
+        model(**inputs, cache=cache)
+
+
+def test_a_vase_cache_given_to_an_unpatched_model_raises(model, tokenizer):
+    cache = VaSECache.for_model(model, FULL, batch_size=1, max_length=64)
+    native = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    with pytest.raises(RuntimeError, match="not patched.*patch_qwen3"):
+        model.generate(**tokenizer(PROMPTS[0]), max_new_tokens=3, **{native: cache})
+
+
+# ---------------------------------------------------------------------------- generate conventions
+
+
+def test_generate_without_input_ids_starts_from_bos(model):
+    want, want_logits = greedy(model, 6)
+    vase_triton.patch_qwen3(model, FULL)
+    got, got_logits = greedy(model, 6)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("where", ["argument", "generation_config"])
+def test_cache_implementation_is_overridden_with_a_warning(model, tokenizer, where):
+    inputs = tokenizer(PROMPTS[:2])
+    want, _ = greedy(model, 6, **inputs)
+    vase_triton.patch_qwen3(model, FULL)
+    kwargs = {}
+    if where == "argument":
+        kwargs["cache_implementation"] = "static"
+    else:
+        model.generation_config.cache_implementation = "static"
+    with pytest.warns(UserWarning, match="cache_implementation='static' is ignored"):
+        got, _ = greedy(model, 6, **inputs, **kwargs)
+    assert torch.equal(got, want)
+
+
+def test_past_key_values_keyword_still_reaches_the_cache(model, tokenizer):
+    inputs = tokenizer(PROMPTS[0])
+    want, _ = greedy(model, 5, **inputs)
+    vase_triton.patch_qwen3(model, FULL)
+    cache = VaSECache.for_model(model, FULL, batch_size=1, max_length=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' own deprecation notice, if it has one
+        got, _ = greedy(model, 5, **inputs, past_key_values=cache)
+    assert torch.equal(got, want) and cache.seen_tokens > 0
+
+
+def test_output_attentions_warns_and_gives_none(model, tokenizer, caplog):
+    vase_triton.patch_qwen3(model, FULL)
+    cache = VaSECache.for_model(model, FULL, batch_size=1, max_length=64)
+    with torch.no_grad(), caplog.at_level("WARNING"):
+        out = model(**tokenizer(PROMPTS[0]), cache=cache, output_attentions=True)
+    assert all(attention is None for attention in (out.attentions or ()))
+    assert "does not return attention weights" in caplog.text
+
+
+def test_refused_configurations_are_named_at_patch_time():
+    wide = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=96, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1, head_dim=48))
+    with pytest.raises(ValueError, match=r"head dim in \(32, 64, 128, 256\); got 48"):
+        vase_triton.patch_qwen3(wide)
+    sliding = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=3,
+                                           num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                           use_sliding_window=True, sliding_window=16, max_window_layers=1))
+    with pytest.raises(ValueError, match="non-global layers.*layer 1: sliding_attention"):
+        vase_triton.patch_qwen3(sliding)
+    assert not vase_triton.is_patched(wide) and not vase_triton.is_patched(sliding)
+
+
+# ---------------------------------------------------------------------------- hooks, devices, nesting
+
+
+def test_instance_hooks_are_called_and_restored(model, tokenizer):
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    class CountingHook(ModelHook):
+        calls = 0
+
+        def pre_forward(self, module, *args, **kwargs):
+            CountingHook.calls += 1
+            return args, kwargs
+
+    add_hook_to_module(model, CountingHook())
+    hooked_forward = model.forward
+    inputs = tokenizer(PROMPTS[0])
+    want, _ = greedy(model, 5, **inputs)
+    calls = CountingHook.calls
+    vase_triton.patch_qwen3(model, FULL)
+    got, _ = greedy(model, 5, **inputs)
+    assert torch.equal(got, want)
+    assert CountingHook.calls - calls == 5  # prefill + 4 decode steps all went through the hook
+    vase_triton.unpatch(model)
+    assert model.forward is hooked_forward
+    assert "generate" not in model.__dict__
+
+
+def test_each_layer_cache_lives_where_its_layer_runs(model):
+    model.model.layers[1]._hf_hook = types.SimpleNamespace(execution_device=torch.device("meta"))
+    cache = VaSECache.for_model(model, VaSEConfig(budget=32, window=8), batch_size=2)
+    assert [store.device.type for store in cache.stores] == ["cpu", "meta"]
+    assert all(buffer.device.type == "meta" for buffer in cache.stores[1].buffers())
+    assert cache.stores[0].buffers()[-1].device.type == "cpu"  # one decode workspace per device
+
+
+def test_tensor_parallel_shards_size_the_cache_by_their_local_heads(model):
+    """With heads sharded over ranks, each rank's projections hold a slice: the cache follows it."""
+
+    def shard_of(rows: int) -> type:
+        class Shard(torch.Tensor):
+            def to_local(self):  # what a DTensor shard of `rows` output rows answers
+                return torch.empty(rows, self.shape[1])
+
+        return Shard
+
+    for layer in model.model.layers:
+        for name, rows in (("q_proj", 2 * 64), ("k_proj", 1 * 64)):
+            projection = getattr(layer.self_attn, name)
+            shard = projection.weight.detach().as_subclass(shard_of(rows))
+            projection.weight = torch.nn.Parameter(shard, requires_grad=False)
+    cache = VaSECache.for_model(model, VaSEConfig(budget=32, window=8), batch_size=1)
+    assert cache.stores[0].num_kv_heads == 1 and cache.stores[0].num_query_heads == 2
+
+
+def test_patched_nests_and_restores_on_error(model):
+    vase_triton.patch_qwen3(model, budget=128, window=16)
+    with vase_triton.patched(model, policy="rkv", budget=64, window=16):
+        assert model._vase_patch_state.config.policy == "rkv"
+    assert (model._vase_patch_state.config.policy, model._vase_patch_state.config.budget) == ("vase", 128)
+    with pytest.raises(KeyError):
+        with vase_triton.patched(model, policy="snapkv", budget=64, window=16):
+            raise KeyError("inside the block")
+    assert model._vase_patch_state.config.policy == "vase"
+    vase_triton.unpatch(model)
+    with pytest.raises(KeyError):
+        with vase_triton.patched(model, budget=64, window=16):
+            raise KeyError("inside the block")
+    assert not vase_triton.is_patched(model)
+
+
+# ---------------------------------------------------------------------------- multi-turn and chunked prefill
+
+
+def test_three_turn_chat_equals_the_unpatched_model_with_a_dynamic_cache(model, tokenizer):
+    def converse(patched: bool):
+        cache = VaSECache.for_model(model, FULL, batch_size=1, max_length=200) if patched else DynamicCache()
+        ids = tokenizer(PROMPTS[0])["input_ids"]
+        for turn in [None, *TURNS]:
+            if turn is not None:
+                ids = torch.cat([ids, torch.tensor([tokenizer.encode(turn)[1:]])], dim=1)
+            ids = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                                 do_sample=False, past_key_values=cache)
+        return ids, cache
+
+    want, _ = converse(False)
+    vase_triton.patch_qwen3(model, FULL)
+    got, cache = converse(True)
+    assert torch.equal(got, want)
+    assert cache.seen_tokens == want.shape[1] - 1
+
+
+def test_chunked_prefill_of_a_long_prompt_equals_one_piece(model, tokenizer):
+    prompt = tokenizer(" ".join(["a long prompt"] * 30))  # ~400 tokens
+    new = 6
+    length = prompt["input_ids"].shape[1] + new
+    outputs = []
+    for chunk in (1024, 32):
+        config = VaSEConfig(policy="full", budget=512, window=16, prefill_chunk_size=chunk)
+        vase_triton.patch_qwen3(model, config)
+        cache = VaSECache.for_model(model, config, batch_size=1, max_length=length)
+        outputs.append(greedy(model, new, **prompt, cache=cache))
+    assert torch.equal(outputs[0][0], outputs[1][0])
+    torch.testing.assert_close(outputs[0][1], outputs[1][1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("policy", ["vase", "snapkv", "h2o", "tova", "vase-dkv", "streaming", "random", "rkv"])
+def test_long_prompts_and_turns_stay_within_static_memory(model, tokenizer, policy):
+    """A prompt 10x the capacity and two more turns: buffers never grow or move, prefill stages C + chunk."""
+    config = VaSEConfig(policy=policy, budget=40, window=8, prefill_chunk_size=64)
+    vase_triton.patch_qwen3(model, config)
+    cache = VaSECache.for_model(model, config, batch_size=2)
+    pointers = [buffer.data_ptr() for store in cache.stores for buffer in store.own_buffers()]
+    resident = cache.memory_bytes
+    staged = []
+    original_get = cache._scratch.get
+
+    def watched_get(*args, **kwargs):
+        buffers = original_get(*args, **kwargs)
+        staged.append(buffers.num_slots)
+        return buffers
+
+    cache._scratch.get = watched_get
+    ids = tokenizer(["x" * 10 * config.capacity, "short"])
+    ids, mask = ids["input_ids"], ids["attention_mask"]
+    for turn in (None, *TURNS):
+        if turn is not None:
+            extra = torch.tensor([tokenizer.encode(turn)[1:]] * 2)
+            ids, mask = torch.cat([ids, extra], dim=1), torch.cat([mask, torch.ones_like(extra)], dim=1)
+        ids = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, cache=cache)
+        mask = torch.cat([mask, torch.ones(2, ids.shape[1] - mask.shape[1], dtype=mask.dtype)], dim=1)
+        assert all(int(store.lengths.max()) <= config.capacity for store in cache.stores)
+        assert cache.memory_bytes == resident  # the prefill scratch is gone once decoding starts
+    assert staged and max(staged) <= config.capacity + config.prefill_chunk_size
+    assert pointers == [buffer.data_ptr() for store in cache.stores for buffer in store.own_buffers()]
+    assert cache.n_evictions > 10
+
+
+# ---------------------------------------------------------------------------- Qwen3-MoE
+
+
+def tiny_qwen3_moe() -> Qwen3MoeForCausalLM:
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(
+        vocab_size=ByteTokenizer.vocab_size, hidden_size=128, intermediate_size=128, moe_intermediate_size=64,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=4,
+        num_experts_per_tok=2, pad_token_id=0, max_position_embeddings=4096,
+    )
+    model = Qwen3MoeForCausalLM(config).eval()
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def test_qwen3_moe_matches_unpatched_and_evicts(tokenizer):
+    model = tiny_qwen3_moe()
+    inputs = tokenizer(PROMPTS[:2])
+    want, want_logits = greedy(model, 8, **inputs)
+    vase_triton.patch_qwen3(model, FULL)
+    got, got_logits = greedy(model, 8, **inputs)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-4, atol=1e-4)
+    config = VaSEConfig(budget=24, window=4)
+    vase_triton.patch_qwen3(model, config)
+    cache = VaSECache.for_model(model, config, batch_size=2)
+    model.generate(**inputs, max_new_tokens=40, do_sample=False, cache=cache)
+    assert cache.n_evictions >= 5
