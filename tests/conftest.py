@@ -21,3 +21,19 @@ torch.set_num_threads(1)
 @pytest.fixture
 def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture
+def model():
+    """The built-in tiny random Qwen3 (2 layers, 4 query / 2 KV heads, D 64), fp32 on CPU."""
+    from vase_triton.demo_model import tiny_qwen3
+
+    return tiny_qwen3(seed=1)
+
+
+@pytest.fixture
+def tokenizer():
+    """The built-in byte tokenizer (left padding)."""
+    from vase_triton.demo_model import ByteTokenizer
+
+    return ByteTokenizer()

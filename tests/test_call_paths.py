@@ -25,16 +25,6 @@ def _reference_backend(monkeypatch):
     monkeypatch.setenv("VASE_BACKEND", "torch")
 
 
-@pytest.fixture
-def model():
-    return tiny_qwen3(seed=1)
-
-
-@pytest.fixture
-def tokenizer():
-    return ByteTokenizer()
-
-
 def greedy(model, max_new_tokens, **kwargs):
     out = model.generate(max_new_tokens=max_new_tokens, do_sample=False, output_logits=True,
                          return_dict_in_generate=True, **kwargs)

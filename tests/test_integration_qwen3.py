@@ -17,16 +17,6 @@ from vase_triton.demo_model import ByteTokenizer, tiny_qwen3
 PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Hi!", "Count: 1, 2, 3,"]
 
 
-@pytest.fixture
-def model():
-    return tiny_qwen3(seed=1)
-
-
-@pytest.fixture
-def tokenizer():
-    return ByteTokenizer()
-
-
 def greedy(model, inputs, max_new_tokens, **kwargs):
     out = model.generate(
         **inputs,

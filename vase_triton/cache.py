@@ -187,34 +187,6 @@ class VaSECacheLayer:
 
     # ----------------------------------------------------------------------------- buffers
 
-    @property
-    def keys(self) -> torch.Tensor:
-        return self.tensors.keys
-
-    @property
-    def values(self) -> torch.Tensor:
-        return self.tensors.values
-
-    @property
-    def scores(self) -> torch.Tensor:
-        return self.tensors.scores
-
-    @property
-    def magnitudes(self) -> torch.Tensor:
-        return self.tensors.magnitudes
-
-    @property
-    def positions(self) -> torch.Tensor:
-        return self.tensors.positions
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        return self.tensors.lengths
-
-    @property
-    def next_positions(self) -> torch.Tensor:
-        return self.tensors.next_positions
-
     def _allocate_query_state(self, num_query_heads: int) -> None:
         """Allocate (eagerly, once) what is sized by the query head count: ring and own workspace."""
         if num_query_heads % self.num_kv_heads != 0:
@@ -610,3 +582,12 @@ class VaSECacheLayer:
         self.length_bound = 0
         self.n_evictions = 0
         self.queries_seen = 0
+
+
+def _buffer_view(name: str) -> property:
+    return property(lambda layer: getattr(layer.tensors, name), doc=f"The layer's `tensors.{name}`.")
+
+
+# `layer.keys`, `layer.lengths`, ...: the buffers of `layer.tensors` by name.
+for _name in CacheTensors._fields:
+    setattr(VaSECacheLayer, _name, _buffer_view(_name))
