@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -23,9 +24,15 @@ def test_generate_on_builtin_default_reports_summary(capsys, monkeypatch):
     assert "static cache vs" in out
 
 
-@pytest.fixture
-def saved_model_dir(tmp_path):
-    """A tiny Qwen3 and a character-level fast tokenizer saved as a local model directory."""
+# A Qwen3-style template: thinking on unless `enable_thinking=False` (then an empty think block).
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think></think>{% endif %}{% endif %}"
+)
+
+
+def save_model_dir(path, chat_template=None):
+    """A tiny Qwen3 and a character-level fast tokenizer (ids 4.. are printable ASCII) saved in `path`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -36,11 +43,19 @@ def saved_model_dir(tmp_path):
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
-    PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
-    ).save_pretrained(tmp_path)
-    tiny_qwen3(seed=3).save_pretrained(tmp_path)
-    return tmp_path
+    )
+    if chat_template is not None:
+        fast.chat_template = chat_template
+    fast.save_pretrained(path)
+    tiny_qwen3(seed=3).save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def saved_model_dir(tmp_path):
+    return save_model_dir(tmp_path)
 
 
 def test_generate_with_a_local_model_directory(saved_model_dir, capsys, monkeypatch):
@@ -49,7 +64,7 @@ def test_generate_with_a_local_model_directory(saved_model_dir, capsys, monkeypa
     assert main(argv + ["--prompt", "A prompt long enough to be compressed at prefill, twice over."]) == 0
     out = capsys.readouterr().out
     assert f"model:            {saved_model_dir}" in out
-    assert "prompt tokens:    61" in out
+    assert "prompts:          1 (61 prompt tokens)" in out
     assert int(out.split("evictions:")[1].split()[0]) > 0
 
 
@@ -93,11 +108,95 @@ def test_bad_arguments_exit_non_zero(argv, fragment, capsys):
     assert err.startswith("vase-triton: error:") and fragment in err and len(err.splitlines()) == 1
 
 
-def test_invalid_config_and_missing_model_are_one_line_errors(tmp_path, capsys):
-    assert main(["generate", "--budget", "8", "--window", "8"]) == 1
+def one_line_error(capsys, argv, fragment, status=1):
+    """`argv` fails with exit status `status` and one stderr line holding `fragment`."""
+    capsys.readouterr()  # drop what the set-up printed
+    if status == 2:
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+    else:
+        assert main(argv) == status
     err = capsys.readouterr().err.strip()
-    assert err.startswith("vase-triton: error:") and "budget" in err and len(err.splitlines()) == 1
+    assert err.startswith("vase-triton: error:") and fragment in err and len(err.splitlines()) == 1, err
 
-    assert main(["generate", "--model", str(tmp_path / "missing-model")]) == 1
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("vase-triton: error: --model") and len(err.splitlines()) == 1
+
+def test_invalid_config_and_missing_model_are_one_line_errors(tmp_path, capsys, monkeypatch):
+    one_line_error(capsys, ["generate", "--budget", "8", "--window", "8"], "--budget: expected budget > window")
+    one_line_error(capsys, ["generate", "--model", str(tmp_path / "missing-model")], "no such directory")
+    one_line_error(capsys, ["generate", "--model", "./models/qwen"], "no such directory: ./models/qwen")
+    monkeypatch.setattr("vase_triton.commands.common.hub_reachable", lambda timeout=3.0: False)
+    one_line_error(capsys, ["generate", "--model", "no-such-model-anywhere"], "the hub is unreachable")
+    (tmp_path / "empty").mkdir()
+    one_line_error(capsys, ["generate", "--model", str(tmp_path / "empty")], "has no config.json")
+
+
+def test_every_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    model_only = tmp_path / "model-only"
+    from vase_triton.demo_model import tiny_qwen3
+
+    tiny_qwen3(seed=3).save_pretrained(model_only)
+    one_line_error(capsys, ["generate", "--model", str(model_only)], "has no tokenizer files")
+    one_line_error(capsys, ["generate", "--prompt", ""], "--prompt: the prompt is empty (0 tokens)")
+    one_line_error(capsys, ["generate", "--temperature", "inf"], "--temperature", status=2)
+    one_line_error(capsys, ["generate", "--evict-temperature", "nan"], "--evict-temperature", status=2)
+    one_line_error(capsys, ["generate", "--policy", "random", "--evict-temperature", "0"], "--evict-temperature:")
+    one_line_error(capsys, ["generate", "--prompts", str(tmp_path / "none.jsonl")], "--prompts: no such file")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "fine"}\n{"text": "no prompt"}\n')
+    one_line_error(capsys, ["generate", "--prompts", str(bad)], "line 2: expected an object with a \"prompt\" string")
+    one_line_error(capsys, ["generate", "--out", str(tmp_path / "x.jsonl")], "--out: only with --prompts")
+    one_line_error(capsys, ["generate", "--chat"], "--chat: this tokenizer has no chat template")
+    monkeypatch.setenv("VASE_BACKEND", "fastest")
+    one_line_error(capsys, ["generate"], "VASE_BACKEND: expected one of auto, triton, torch")
+
+
+def test_unsupported_architecture_is_one_line(tmp_path, capsys):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    directory = save_model_dir(tmp_path)
+    GPT2LMHeadModel(GPT2Config(vocab_size=103, n_embd=64, n_layer=1, n_head=2)).save_pretrained(directory)
+    one_line_error(capsys, ["generate", "--model", str(directory)], "--model: expected a transformers causal LM of type")
+
+
+def test_prompts_file_runs_batches_and_writes_one_line_per_completion(saved_model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps(r) for r in [{"prompt": "abc", "id": "a"}, {"prompt": "a longer one"},
+                                                             {"prompt": "third", "id": 7}]) + "\n")
+    out = tmp_path / "out.jsonl"
+    argv = ["generate", "--model", str(saved_model_dir), "--prompts", str(prompts), "--out", str(out),
+            "--batch-size", "2", "--max-new-tokens", "30", "--budget", "16", "--window", "4", "--temperature", "0"]
+    assert main(argv) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["id"] for line in lines] == ["a", "2", "7"]
+    assert [line["prompt_tokens"] for line in lines] == [3, 12, 5]
+    for line in lines:
+        assert set(line) == {"id", "prompt_tokens", "tokens_generated", "evictions", "seconds", "kv_memory_bytes", "text"}
+        assert 1 <= line["tokens_generated"] <= 30 and line["kv_memory_bytes"] > 0
+    assert "prompts:          3 (20 prompt tokens)" in capsys.readouterr().out
+
+
+def test_json_summary_and_streamed_text_agree(saved_model_dir, capsys, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    argv = ["generate", "--model", str(saved_model_dir), "--prompt", "stream me", "--max-new-tokens", "24",
+            "--budget", "16", "--window", "4", "--temperature", "0"]
+    assert main(argv + ["--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["tokens_generated"] == 24 and summary["prompt_tokens"] == 9 and summary["sampling"] == {"do_sample": False}
+    assert main(argv) == 0
+    streamed = capsys.readouterr().out
+    assert streamed.startswith(summary["text"]) and "tokens generated: 24" in streamed
+
+
+def test_chat_template_and_thinking_switch(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    directory = save_model_dir(tmp_path, chat_template=CHAT_TEMPLATE)
+    base = ["generate", "--model", str(directory), "--prompt", "hi", "--max-new-tokens", "4", "--json"]
+    counts = {}
+    for name, extra in {"chat": [], "no-think": ["--no-think"], "plain": ["--no-chat"]}.items():
+        assert main(base + extra) == 0
+        counts[name] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prompt_tokens"]
+    # "<user>hi<assistant>" is 19 characters; the empty think block adds 15; plain is the prompt alone.
+    assert counts == {"chat": 19, "no-think": 34, "plain": 2}

@@ -1,0 +1,1 @@
+"""The subcommands of the `vase-triton` command, one module each, and what they share."""

@@ -1,0 +1,221 @@
+"""What the `vase-triton` subcommands share: one-line errors, argument types, the VaSE
+configuration options, device and dtype choice, and loading a model without surprises.
+
+Every user-facing failure is a `CommandError`: `vase-triton: error: ...` on one line,
+exit status 1 (argument errors: status 2), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import socket
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from vase_triton.config import SCORE_MODES, VALUE_STATS, VaSEConfig
+from vase_triton.policies import POLICIES
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+HUB_HOST = ("huggingface.co", 443)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+class CommandError(Exception):
+    """A user-facing failure: printed as one line, exit status 1."""
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Argument errors print one line (`vase-triton: error: ...`) and exit with status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"vase-triton: error: {message} (see '{self.prog} --help')\n")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer; got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer; got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {value}")
+    return value
+
+
+def finite_float(low: float = 0.0, high: float = math.inf):
+    """An argparse type: a finite float in `[low, high]`."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number; got {text!r}") from None
+        if not math.isfinite(value) or not low <= value <= high:
+            bounds = f">= {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]"
+            raise argparse.ArgumentTypeError(f"expected a finite number {bounds}; got {text}")
+        return value
+
+    return parse
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, *, default_budget: Optional[str] = "2048") -> None:
+    """Options for every `VaSEConfig` field (`--policy`, `--budget`, ..., `--prefill-chunk-size`)."""
+    defaults = VaSEConfig()
+    group = parser.add_argument_group("VaSE cache")
+    group.add_argument("--policy", default=defaults.policy, choices=list(POLICIES), help="eviction policy (default: vase)")
+    group.add_argument("--budget", type=positive_int, help=f"tokens kept per head after an eviction (default {default_budget})")
+    group.add_argument("--window", type=positive_int, default=defaults.window,
+                       help=f"recent/observation window and eviction interval (default {defaults.window})")
+    group.add_argument("--n-sink", type=non_negative_int, default=defaults.n_sink,
+                       help=f"first tokens never evicted (default {defaults.n_sink})")
+    group.add_argument("--n-protect", type=non_negative_int, help="value-protected tokens, sinks included (default budget // 4)")
+    group.add_argument("--protect-values", action=argparse.BooleanOptionalAction, default=None,
+                       help="keep the largest value vectors (default: the policy's; on for vase)")
+    group.add_argument("--value-stat", default=defaults.value_stat, choices=VALUE_STATS, help="value magnitude statistic")
+    group.add_argument("--evict-temperature", type=finite_float(), default=defaults.temperature,
+                       help="Gumbel temperature of eviction sampling (0 = top-k; not the decoding temperature)")
+    group.add_argument("--score-mode", default=defaults.score_mode, choices=SCORE_MODES,
+                       help="window attention: recompute (the paper's) or emitted by decode attention")
+    group.add_argument("--pool-kernel", type=positive_int, default=defaults.pool_kernel, help="importance pool width (odd)")
+    group.add_argument("--rkv-lambda", type=finite_float(0.0, 1.0), default=defaults.rkv_lambda, help="R-KV trade-off λ")
+    group.add_argument("--dkv-rank", type=positive_int, default=defaults.dkv_rank, help="vase-dkv projection width")
+    group.add_argument("--prefill-chunk-size", type=positive_int, default=defaults.prefill_chunk_size,
+                       help="tokens per prefill chunk (peak prefill memory: capacity + chunk)")
+
+
+def config_from_arguments(args: argparse.Namespace, budget: int) -> VaSEConfig:
+    """The `VaSEConfig` the options describe; an invalid combination is a one-line error."""
+    try:
+        return VaSEConfig(
+            policy=args.policy, budget=budget, window=args.window, n_sink=args.n_sink, n_protect=args.n_protect,
+            protect_values=args.protect_values, value_stat=args.value_stat, temperature=args.evict_temperature,
+            score_mode=args.score_mode, pool_kernel=args.pool_kernel, rkv_lambda=args.rkv_lambda,
+            dkv_rank=args.dkv_rank, seed=args.seed, prefill_chunk_size=args.prefill_chunk_size,
+        )
+    except (ValueError, TypeError) as error:
+        field, _, reason = str(error).partition(":")
+        option = {"temperature": "evict-temperature"}.get(field, field.replace("_", "-"))
+        raise CommandError(f"--{option}:{reason}") from None
+
+
+def check_backend() -> None:
+    """`VASE_BACKEND` must name a backend this machine can run."""
+    from vase_triton.backend import requested_backend
+
+    try:
+        requested_backend()
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise CommandError(f"--device: expected cpu, cuda, cuda:N or auto; got {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CommandError(f"--device: {name} requested but no CUDA device is available")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    return DTYPES.get(name) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face Hub answers a TCP connection within `timeout` seconds (and is not disabled)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+        return False
+    try:
+        with socket.create_connection(HUB_HOST, timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """A name no hub id has the shape of: absolute, home- or dot-relative, or with more than one `/`."""
+    return name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1
+
+
+def load_model(name: str, device: torch.device, dtype: torch.dtype):
+    """`(model, tokenizer)` from a local directory or a hub id, or a one-line `CommandError` saying why not.
+
+    A name that looks like a path must be a directory with a model config and tokenizer
+    files; the hub is tried only for a bare `owner/name` that is not cached and only when
+    it answers at once.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(name).expanduser()
+    local = path.is_dir()
+    if not local and _looks_like_a_path(name):
+        raise CommandError(f"--model: no such directory: {name}")
+    if local:
+        if not (path / "config.json").is_file():
+            raise CommandError(f"--model: {name} has no config.json (not a transformers model directory)")
+        if not any((path / file).is_file() for file in TOKENIZER_FILES):
+            raise CommandError(f"--model: {name} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
+    kwargs = dict(local_files_only=True)
+    if not local:
+        try:
+            AutoTokenizer.from_pretrained(name, local_files_only=True)
+        except Exception:  # not in the local hub cache: the hub must answer now
+            if not hub_reachable():
+                raise CommandError(
+                    f"--model: {name!r} is neither a local directory nor in the Hugging Face cache, and the hub is "
+                    "unreachable (give a local model directory)"
+                ) from None
+            kwargs = {}
+    from transformers import AutoConfig
+
+    from vase_triton.integrations.models import SUPPORTED_MODEL_TYPES
+
+    try:
+        model_type = getattr(AutoConfig.from_pretrained(name, **kwargs), "model_type", None)
+    except Exception as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CommandError(f"--model: cannot read the config of {name!r}: {first_line}") from None
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise CommandError(
+            f"--model: expected a transformers causal LM of type {', '.join(SUPPORTED_MODEL_TYPES)}; "
+            f"{name!r} is a {model_type!r} model"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **kwargs).to(device).eval()
+    except Exception as error:  # transformers raises many types for a missing or invalid model
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CommandError(f"--model: cannot load {name!r}: {first_line}") from None
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def printable(text: str) -> str:
+    """`text` with control characters (but newlines and tabs) shown as escapes, safe for a terminal."""
+    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)
+
+
+def format_bytes(count: float) -> str:
+    units = ("B", "KiB", "MiB", "GiB")
+    index = 0
+    while count >= 1024 and index < len(units) - 1:
+        count, index = count / 1024, index + 1
+    return f"{count:.1f} {units[index]}"

@@ -1,0 +1,279 @@
+"""`vase-triton generate`: generate with a VaSE-patched model and report speed and KV memory.
+
+    vase-triton generate [--model PATH_OR_ID] [--prompt TEXT | --prompts FILE.jsonl [--out FILE]] ...
+
+One prompt is streamed as it is generated, then summarised; a JSONL file of prompts
+(`{"prompt": ..., "id": ...}` per line) runs as left-padded batches and gives one JSON
+line per completion. The tokenizer's chat template is applied when it has one (Qwen3:
+thinking mode, unless `--no-think`), and sampling follows the model's generation config
+unless overridden. Without `--model` a tiny random Qwen3 is used (no download).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from vase_triton.commands.common import (
+    CommandError,
+    add_config_arguments,
+    check_backend,
+    config_from_arguments,
+    finite_float,
+    format_bytes,
+    load_model,
+    non_negative_int,
+    positive_int,
+    printable,
+    resolve_device,
+    resolve_dtype,
+)
+
+DEFAULT_PROMPT = "Question: Natalia sold 48 clips in April and half as many in May. How many clips in total?\nAnswer:"
+DEMO_BUDGET = 128
+DEMO_MAX_NEW_TOKENS = 512
+COMPILE_CHOICES = ("none", "default", "reduce-overhead", "max-autotune")
+
+
+def add_generate_command(commands) -> None:
+    parser = commands.add_parser(
+        "generate",
+        help="generate text with a VaSE-patched model and report speed and KV memory",
+        description="Generate completions with a VaSE-patched model. Without --model, a tiny randomly initialised "
+        "Qwen3 is used (no download; its text is noise).",
+    )
+    source = parser.add_argument_group("model and prompts")
+    source.add_argument("--model", help="local directory or hub id of a Qwen3 / Qwen3-MoE / Qwen2 / Llama causal LM")
+    prompts = source.add_mutually_exclusive_group()
+    prompts.add_argument("--prompt", help="one prompt (streamed as it is generated)")
+    prompts.add_argument("--prompts", type=Path, help='JSONL file, one {"prompt": ..., "id": ...} per line, run as batches')
+    source.add_argument("--out", type=Path, help="with --prompts: write the JSON line of each completion here (default stdout)")
+    source.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    source.add_argument("--batch-size", type=positive_int, default=8, help="prompts per batch with --prompts (default 8)")
+    source.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                        help="apply the tokenizer's chat template (default: when it has one)")
+    source.add_argument("--no-think", action="store_true", help="chat template without thinking mode (Qwen3)")
+    decoding = parser.add_argument_group("decoding")
+    decoding.add_argument("--max-new-tokens", type=positive_int,
+                          help=f"tokens to generate (default 1024; {DEMO_MAX_NEW_TOKENS} for the built-in model)")
+    decoding.add_argument("--temperature", type=finite_float(),
+                          help="decoding temperature (0 = greedy; default: the model's generation config)")
+    decoding.add_argument("--top-p", type=finite_float(0.0, 1.0), help="nucleus sampling (default: the model's)")
+    decoding.add_argument("--top-k", type=non_negative_int, help="top-k sampling (default: the model's)")
+    decoding.add_argument("--seed", type=non_negative_int, default=0, help="seed of decoding and eviction sampling")
+    add_config_arguments(parser, default_budget=f"2048; {DEMO_BUDGET} for the built-in model")
+    runtime = parser.add_argument_group("runtime")
+    runtime.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    runtime.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                         help="model dtype (auto: bf16 on GPU, fp32 on CPU)")
+    runtime.add_argument("--compile", default="none", choices=COMPILE_CHOICES, help="torch.compile mode of decode steps")
+    parser.set_defaults(handler=run_generate)
+
+
+def _read_prompts(path: Path) -> list[tuple[str, str]]:
+    """`(id, prompt)` per line of a JSONL file; every malformed line is a one-line error naming it."""
+    if not path.is_file():
+        raise CommandError(f"--prompts: no such file: {path}")
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise CommandError(f"--prompts: {path} line {number}: not JSON ({error.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+            raise CommandError(f'--prompts: {path} line {number}: expected an object with a "prompt" string')
+        records.append((str(record.get("id", number)), record["prompt"]))
+    if not records:
+        raise CommandError(f"--prompts: {path} holds no prompts")
+    return records
+
+
+def _format_prompt(tokenizer, prompt: str, chat: bool, think: bool) -> str:
+    if not chat:
+        return prompt
+    messages = [{"role": "user", "content": prompt}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=think)
+
+
+def _sampling(model, args) -> dict:
+    """Decoding settings: the options given, else the model's generation config (greedy when it says so)."""
+    config = model.generation_config
+    temperature = args.temperature if args.temperature is not None else (
+        (config.temperature or 1.0) if config.do_sample else 0.0
+    )
+    if temperature == 0:
+        return {"do_sample": False}
+    settings = {"do_sample": True, "temperature": temperature}
+    top_p = args.top_p if args.top_p is not None else config.top_p
+    top_k = args.top_k if args.top_k is not None else config.top_k
+    if top_p is not None:
+        settings["top_p"] = top_p
+    if top_k is not None:
+        settings["top_k"] = top_k
+    return settings
+
+
+class _PrintableStreamer:
+    """Streams decoded new text to stdout as it is generated, control characters escaped."""
+
+    def __new__(cls, tokenizer):
+        from transformers import TextStreamer
+
+        class Streamer(TextStreamer):
+            def on_finalized_text(self, text: str, stream_end: bool = False):
+                print(printable(text), flush=True, end="" if not stream_end else None)
+
+        return Streamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+
+
+def _full_cache_bytes(model, tokens: int, batch: int) -> int:
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    element = torch.tensor([], dtype=model.dtype).element_size()
+    return 2 * text.num_hidden_layers * kv_heads * head_dim * element * tokens * batch
+
+
+def _generated_lengths(output: torch.Tensor, prompt_len: int, eos_ids: set) -> list[int]:
+    """New tokens per row, up to and including the first end-of-sequence token."""
+    lengths = []
+    for row in output[:, prompt_len:].tolist():
+        ends = [index for index, token in enumerate(row) if token in eos_ids]
+        lengths.append(ends[0] + 1 if ends else len(row))
+    return lengths
+
+
+def run_generate(args) -> int:
+    from vase_triton.integrations.hf_cache import VaSECache
+    from vase_triton.integrations.models import patch_any
+
+    check_backend()
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    demo = args.model is None
+    config = config_from_arguments(args, args.budget or (DEMO_BUDGET if demo else 2048))
+    max_new_tokens = args.max_new_tokens or (DEMO_MAX_NEW_TOKENS if demo else 1024)
+    if args.out is not None and args.prompts is None:
+        raise CommandError("--out: only with --prompts (one JSON line per completion)")
+    prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt
+    records = _read_prompts(args.prompts) if args.prompts is not None else [("1", prompt)]
+
+    if demo:
+        from vase_triton.demo_model import ByteTokenizer, tiny_qwen3
+
+        model, tokenizer = tiny_qwen3(seed=args.seed, dtype=dtype, device=device), ByteTokenizer()
+        label = "built-in tiny random Qwen3 (no download; output is noise)"
+    else:
+        model, tokenizer = load_model(args.model, device, dtype)
+        label = args.model
+    try:
+        patch_any(model, config, compile_mode=None if args.compile == "none" else args.compile)
+    except (TypeError, ValueError) as error:
+        raise CommandError(f"--model: {str(error).partition(': ')[2] or error}") from None
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    if args.chat and not has_template:
+        raise CommandError("--chat: this tokenizer has no chat template")
+    chat = has_template if args.chat is None else args.chat
+    sampling = _sampling(model, args)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+
+    texts = [_format_prompt(tokenizer, prompt, chat, not args.no_think) for _, prompt in records]
+    for (record_id, _), text in zip(records, texts):
+        if not text.strip() or len(tokenizer(text)["input_ids"]) == 0:
+            where = "--prompt" if args.prompts is None else f"--prompts: prompt {record_id!r}"
+            raise CommandError(f"{where}: the prompt is empty (0 tokens)")
+
+    stream = args.prompts is None and not args.json
+    results, total_seconds, evictions, memory = [], 0.0, 0, 0
+    prompt_tokens = generated = 0
+    torch.manual_seed(args.seed)
+    for start in range(0, len(records), args.batch_size):
+        batch_records, batch_texts = records[start : start + args.batch_size], texts[start : start + args.batch_size]
+        inputs = tokenizer(batch_texts, return_tensors="pt", padding=True)
+        input_ids, attention_mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
+        prompt_len = input_ids.shape[1]
+        cache = VaSECache.for_model(model, config, batch_size=len(batch_records), max_length=prompt_len + max_new_tokens)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        began = time.perf_counter()
+        with torch.inference_mode():
+            output = model.generate(
+                input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens if demo else None, pad_token_id=pad_id, cache=cache,
+                streamer=_PrintableStreamer(tokenizer) if stream else None, **sampling,
+            )
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - began
+        total_seconds += seconds
+        evictions, memory = max(evictions, cache.n_evictions), max(memory, cache.memory_bytes)
+        lengths = _generated_lengths(output, prompt_len, eos_ids)
+        for row, ((record_id, _), length) in enumerate(zip(batch_records, lengths)):
+            real_prompt = int(attention_mask[row].sum())
+            prompt_tokens += real_prompt
+            generated += length
+            text = tokenizer.decode(output[row, prompt_len : prompt_len + length].tolist(), skip_special_tokens=True)
+            results.append({
+                "id": record_id, "prompt_tokens": real_prompt, "tokens_generated": length,
+                "evictions": cache.n_evictions, "seconds": round(seconds, 4), "kv_memory_bytes": cache.memory_bytes,
+                "text": text,
+            })  # fmt: skip
+
+    full_bytes = _full_cache_bytes(model, prompt_tokens // len(records) + max_new_tokens, min(args.batch_size, len(records)))
+    summary = {
+        "model": label, "policy": config.policy, "budget": config.budget, "window": config.window,
+        "capacity": config.capacity, "prompts": len(records), "prompt_tokens": prompt_tokens,
+        "tokens_generated": generated, "seconds": round(total_seconds, 4),
+        "tokens_per_second": round(generated / max(total_seconds, 1e-9), 2), "evictions_per_layer": evictions,
+        "kv_memory_bytes": memory, "full_cache_bytes": full_bytes, "sampling": sampling,
+    }  # fmt: skip
+    if args.prompts is not None:
+        _write_records(results, args.out)
+    _print_summary(summary, results, args, stream)
+    return 0
+
+
+def _write_records(results: list[dict], out: Optional[Path]) -> None:
+    lines = "".join(json.dumps(result) + "\n" for result in results)
+    if out is None:
+        sys.stdout.write(lines)
+        return
+    try:
+        out.write_text(lines, encoding="utf-8")
+    except OSError as error:
+        raise CommandError(f"--out: cannot write {out}: {error.strerror}") from None
+
+
+def _print_summary(summary: dict, results: list[dict], args, streamed: bool) -> None:
+    if args.json:
+        if args.prompts is None:
+            summary = {**summary, "text": results[0]["text"]}
+        print(json.dumps(summary), file=sys.stderr if args.prompts is not None and args.out is None else sys.stdout)
+        return
+    stream = sys.stderr if args.prompts is not None and args.out is None else sys.stdout
+    if not streamed and args.prompts is None:
+        print(printable(results[0]["text"]), file=stream)
+    memory, full = summary["kv_memory_bytes"], summary["full_cache_bytes"]
+    why = (" (this run is shorter than the static capacity: eviction pays off past it)" if memory > full else "")
+    lines = [
+        "",
+        f"model:            {summary['model']}",
+        f"policy:           {summary['policy']} (budget {summary['budget']}, window {summary['window']}, "
+        f"capacity {summary['capacity']})",
+        f"prompts:          {summary['prompts']} ({summary['prompt_tokens']} prompt tokens)",
+        f"tokens generated: {summary['tokens_generated']} in {summary['seconds']:.2f} s "
+        f"({summary['tokens_per_second']:.1f} tokens/s)",
+        f"evictions:        {summary['evictions_per_layer']} per layer",
+        f"KV memory:        {format_bytes(memory)} static cache vs {format_bytes(full)} for a full cache{why}",
+    ]
+    print("\n".join(lines), file=stream)
