@@ -24,7 +24,7 @@ def test_two_ranks_each_cache_their_own_heads(tmp_path):
     tiny_qwen3(seed=1).save_pretrained(tmp_path)
     worker = Path(__file__).with_name("tensor_parallel_worker.py")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "0"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                str(worker), str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
