@@ -1,104 +1,63 @@
-"""Eviction benchmark: the fused Triton eviction against the PyTorch reference.
+"""Eviction per policy: importance, selection and compaction of one full cache layer, against the reference.
 
-On CUDA the shape is one Qwen3-8B layer at budget 4096 (B=16, Hkv=8, C=4160 slots, D=128,
-bf16) evicted by the `vase` rule: 4 sinks, `n_protect = budget // 4`, Gumbel sampling at
-temperature 1 from philox, window 64. The reference is `vase_triton.reference.evict_`
-(sorts, gathers, masked writes back). Without CUDA the same tests run once on a tiny shape
-through the Triton interpreter as a smoke test.
-
-Each timed call first refills `lengths` (one tiny fill kernel, in both variants) so that
-every call evicts every row; the buffers' contents do not change the work done.
-`bytes_moved` is the nominal traffic of one eviction in which every survivor moves: keys
-and values of `budget` survivors read and written, importance and magnitudes read, the
-per-token magnitudes and positions moved, scores and freed positions cleared.
+Each timed call refills `lengths` to `C` (one tiny fill, in both providers) and runs
+`VaSECacheLayer.evict()`: the policy's importance (for window policies the `recompute`
+scores: the ring of the last `window` queries attending over the candidates), then the
+fused select-and-compact (`vase`) or the PyTorch reference of every op (`reference`,
+`VASE_BACKEND=torch`). Evictions run eagerly between decode steps, as in generation, so
+launch overhead counts. An eviction comes once every `window` decode steps: the report
+divides by `window` and shows the result as a percentage of one decode attention step of
+the same shape (the decode suite's `vase` row). GB/s counts the select-and-compact
+traffic only (`CacheShape.eviction_bytes`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
-from reporting import Timing, per_call, row_from_benchmark, run_timed
-from vase_triton import reference
-from vase_triton.cache_tensors import CacheTensors
-from vase_triton.ops import evict_
+from benchmarks import profiles, timing
+from benchmarks.cache_layers import prefilled_layer
+from benchmarks.records import COPY, DECODE_KERNEL, DECODE_SUITE, Record
+from benchmarks.shapes import BATCH_SIZES, BUDGETS, QWEN3, TINY, CacheShape
+from vase_triton.config import VaSEConfig
+from vase_triton.policies import POLICIES
 
-ON_GPU = torch.cuda.is_available()
+pytestmark = timing.REPLAYED
+
 SUITE = "eviction"
+EVICTING = [name for name, policy in POLICIES.items() if policy.evicts]
+
+SHAPES = profiles.pick({
+    "smoke": [CacheShape(TINY, 2, 48, 16)],
+    "gpu": [CacheShape(QWEN3["Qwen3-8B"], 16, budget) for budget in (2048, 4096)],
+    "full": [
+        CacheShape(layout, batch, budget) for layout in QWEN3.values() for batch in BATCH_SIZES for budget in BUDGETS
+    ],
+})  # fmt: skip
 
 
-@dataclass(frozen=True)
-class EvictionShape:
-    batch: int
-    kv_heads: int
-    budget: int
-    window: int
-    head_dim: int
-    dtype: torch.dtype
+@pytest.mark.parametrize("implementation", ["vase", "reference"])
+@pytest.mark.parametrize("policy", EVICTING)
+@pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
+def test_eviction(benchmark, roofline, device, monkeypatch, shape: CacheShape, policy: str, implementation: str):
+    config = VaSEConfig(policy=policy, budget=shape.budget, window=shape.window)
+    layer = prefilled_layer(shape, config, shape.capacity, device)
+    if implementation == "reference":
+        monkeypatch.setenv("VASE_BACKEND", "torch")
 
-    @property
-    def slots(self) -> int:
-        return self.budget + self.window
+    def evict() -> None:
+        layer.lengths.fill_(shape.capacity)
+        layer.length_bound = shape.capacity
+        layer.evict()
 
-    def describe(self) -> str:
-        name = str(self.dtype).replace("torch.", "")
-        return f"B{self.batch} Hkv{self.kv_heads} C{self.slots} budget{self.budget} D{self.head_dim} {name}"
-
-    def nominal_bytes(self) -> float:
-        rows = self.batch * self.kv_heads
-        element = torch.finfo(self.dtype).bits // 8
-        kv = 2 * 2 * self.budget * self.head_dim * element  # keys + values, read + write
-        inputs = 2 * 4 * self.slots  # importance and magnitudes read by the selection
-        per_token = 2 * 2 * 4 * self.budget  # magnitudes and positions, read + write
-        cleared = 4 * self.slots + 4 * self.window  # scores zeroed, freed positions set to -1
-        return float(rows * (kv + inputs + per_token + cleared))
-
-
-if ON_GPU:
-    TIMING = Timing(rounds=30, warmup_rounds=5, calls=10)
-    SHAPE = EvictionShape(16, 8, 4096, 64, 128, torch.bfloat16)
-else:
-    TIMING = Timing(rounds=1, warmup_rounds=0, calls=1)
-    SHAPE = EvictionShape(2, 2, 40, 8, 64, torch.bfloat16)
-
-
-def cache_layer(shape: EvictionShape, device: torch.device) -> tuple[CacheTensors, torch.Tensor]:
-    """A full cache layer and an importance row, `[B, Hkv, C]`."""
-    gen = torch.Generator(device=device).manual_seed(0)
-    rows = (shape.batch, shape.kv_heads, shape.slots)
-    keys = torch.randn(*rows, shape.head_dim, generator=gen, device=device).to(shape.dtype)
-    values = torch.randn(*rows, shape.head_dim, generator=gen, device=device).to(shape.dtype)
-    lengths = torch.full((shape.batch,), shape.slots, dtype=torch.int32, device=device)
-    cache = CacheTensors(
-        keys=keys,
-        values=values,
-        scores=torch.rand(rows, generator=gen, device=device),
-        magnitudes=torch.rand(rows, generator=gen, device=device),
-        positions=torch.arange(shape.slots, dtype=torch.int32, device=device).expand(rows).contiguous(),
-        lengths=lengths,
-        next_positions=lengths.clone(),
-    )
-    return cache, torch.rand(rows, generator=gen, device=device)
-
-
-@pytest.mark.parametrize("implementation", ["triton", "reference"])
-def test_eviction(benchmark, record_row, device, implementation: str):
-    shape = SHAPE
-    cache, importance = cache_layer(shape, device)
-    op = evict_ if implementation == "triton" else reference.evict_
-    kwargs = dict(
-        budget=shape.budget, window=shape.window, n_sink=4, n_protect=shape.budget // 4, temperature=1.0, seed=0,
-    )
-
-    def evict():
-        cache.lengths.fill_(shape.slots)
-        op(cache, importance, **kwargs)
-
-    run_timed(benchmark, TIMING, evict)
-    assert bool((cache.lengths == shape.budget).all())
-    assert bool((cache.positions[:, :, shape.budget:] == -1).all())
-    name = "fused triton" if implementation == "triton" else "reference (sort + gather)"
-    row = row_from_benchmark(benchmark, SUITE, name, shape.describe(), bytes_moved=shape.nominal_bytes())
-    record_row(per_call(row, TIMING.calls))
+    record = Record(
+        SUITE, f"eviction {policy}", implementation, shape.name,
+        bytes_moved=shape.eviction_bytes(), roofline=COPY,
+        compare_to=("reference",) if implementation == "vase" else (),
+        per_step=shape.window, relative_to=(DECODE_SUITE, DECODE_KERNEL, "vase", shape.name),
+        details={"dtype": "bfloat16", "score_mode": config.score_mode, "n_protect": config.resolved_n_protect},
+    )  # fmt: skip
+    timing.measure(benchmark, evict, record)
+    assert bool((layer.lengths == shape.budget).all())
+    assert bool((layer.positions[:, :, shape.budget :] == -1).all())

@@ -1,9 +1,9 @@
-"""Benchmark set-up: the Triton interpreter without CUDA, row collection and the report.
+"""Benchmark session set-up: the Triton interpreter without CUDA, the profile, the roofline, records.
 
-Suites record `reporting.Row`s through the `record_row` fixture; at the end of the
-session the rows are printed and, when anything was timed, written as a markdown
-record under `benchmarks/results/` (GPU runs only: CPU timings of the interpreter
-are not records).
+Every suite times through `benchmarks.timing` and describes its rows with
+`benchmarks.records.Record`; the machine information of the pytest-benchmark JSON gets a
+`vase_bench` entry (device, versions, profile, the roofline measured in this session) and
+the commit falls back to `VASE_BENCH_COMMIT` when there is no git directory.
 """
 
 import os
@@ -14,37 +14,48 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-import reporting  # noqa: E402
 
-_ROWS = pytest.StashKey[list]()
-_TITLE = "vase_triton benchmarks"
+from benchmarks import environment, profiles, timing  # noqa: E402
 
-
-def _device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+_ROOFLINE = pytest.StashKey[dict]()
 
 
 def pytest_configure(config):
-    config.stash[_ROWS] = []
+    if profiles.active() in ("smoke", "cpu"):
+        # One thread: tiny tensors gain nothing from a second one, and CPU measurements on a
+        # shared machine are steadier on one core.
+        torch.set_num_threads(1)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def device() -> torch.device:
-    return _device()
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-@pytest.fixture
-def record_row(request):
-    """Append a `reporting.Row` to this session's report."""
-    return request.config.stash[_ROWS].append
+@pytest.fixture(scope="session")
+def roofline(request):
+    """The measured `timing.Roofline` of this session's GPU (measured once), None on CPU."""
+    if not torch.cuda.is_available():
+        return None
+    measured = timing.measure_roofline(torch.device("cuda"))
+    request.config.stash[_ROOFLINE] = measured.as_dict()
+    return measured
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    machine_info["vase_bench"] = environment.describe(profiles.active(), config.stash.get(_ROOFLINE, None))
+
+
+def pytest_benchmark_update_commit_info(config, commit_info):
+    label = environment.commit_label()
+    if label is not None and not commit_info.get("id"):
+        commit_info["id"] = label
+        commit_info.pop("error", None)
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    rows = config.stash.get(_ROWS, [])
-    if not rows:
-        return
-    terminalreporter.section(_TITLE)
-    terminalreporter.write(reporting.render_markdown(_TITLE, rows, _device()))
-    if torch.cuda.is_available() and any(row.median_s is not None for row in rows):
-        path = reporting.write_report(_TITLE, rows, _device())
-        terminalreporter.write_line(f"report written to {path}")
+    if profiles.active() == "smoke":
+        terminalreporter.write_line(
+            "benchmarks ran in the smoke profile: tiny shapes, Triton interpreter on CPU — a check that every "
+            "suite runs, not a measurement"
+        )

@@ -1,0 +1,42 @@
+"""Which sizes a benchmark session runs, chosen by `VASE_BENCH_PROFILE`.
+
+- `smoke`: tiny shapes, each suite once; the default without CUDA (CI). Not a measurement.
+- `gpu`: the headline shapes, sized for `benchmarks/gpu_check.sh` on one H100/H200; the
+  default with CUDA.
+- `full`: every registry shape, end-to-end decoding to 32k tokens and the paper's
+  throughput protocol at full model depth (about an hour on one GPU).
+- `cpu`: the CPU end-to-end measurement (thousands of tokens through the PyTorch
+  reference); the kernel suites skip.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping, TypeVar
+
+import pytest
+import torch
+
+PROFILES = ("smoke", "gpu", "full", "cpu")
+ENVIRONMENT_VARIABLE = "VASE_BENCH_PROFILE"
+
+T = TypeVar("T")
+
+
+def active() -> str:
+    """The session's profile: `VASE_BENCH_PROFILE`, else `gpu` with CUDA and `smoke` without."""
+    default = "gpu" if torch.cuda.is_available() else "smoke"
+    profile = os.environ.get(ENVIRONMENT_VARIABLE, "").strip().lower() or default
+    if profile not in PROFILES:
+        raise ValueError(f"{ENVIRONMENT_VARIABLE}: expected one of {', '.join(PROFILES)}; got {profile!r}")
+    if profile in ("gpu", "full") and not torch.cuda.is_available():
+        raise ValueError(f"{ENVIRONMENT_VARIABLE}={profile} needs a CUDA device; use smoke or cpu on this machine")
+    return profile
+
+
+def pick(choices: Mapping[str, T]) -> T:
+    """The value for the active profile; skips the calling test module when the profile has none."""
+    profile = active()
+    if profile not in choices:
+        pytest.skip(f"not part of the {profile} profile", allow_module_level=True)
+    return choices[profile]

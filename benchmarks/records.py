@@ -1,0 +1,94 @@
+"""What a benchmark row records next to pytest-benchmark's timing (`extra_info`), and how it is read back.
+
+Suites attach one `Record` to their `benchmark` fixture; pytest-benchmark stores it in the
+JSON as `extra_info`, and `benchmarks.report` reads it back with `Record.from_extra_info`.
+A row's identity is `(suite, kernel, provider, shape)`; rows of one `(suite, kernel, shape)`
+are compared with each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+MATMUL = "matmul"  # compute bound: achieved TFLOP/s against the measured bf16 matmul rate
+COPY = "copy"  # memory bound: achieved GB/s against the measured copy bandwidth
+ROOFLINES = (MATMUL, COPY)
+
+# The decode suite's rows, which the eviction suite's amortised cost is a percentage of.
+DECODE_SUITE = "decode"
+DECODE_KERNEL = "decode attention (one step)"
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """Decoding after `generated` new tokens: median step latency around that length and memory.
+
+    `kv_bytes` is the KV cache the method holds at that length; `peak_bytes` the device's
+    peak allocated memory so far (None on CPU).
+    """
+
+    generated: int
+    step_s: float
+    tokens_per_s: float
+    kv_bytes: int
+    peak_bytes: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Record:
+    """The identity and work of one benchmark row.
+
+    flops / bytes_moved: nominal work of one timed call; roofline: which measured peak the
+    achieved rate is a percentage of (`MATMUL` or `COPY`), None when no roofline applies.
+    compare_to: providers of the same `(suite, kernel, shape)` this row's speed-up is shown
+    against. per_step: the timed call serves this many decode steps (an eviction every
+    `window` steps), so the report also shows the time divided by it. relative_to: the
+    `(suite, kernel, provider, shape)` of a row that the per-step time is a percentage of.
+    curve: decoding measured against generated length (end-to-end suites). details: anything
+    else worth stating (backend, dtype, layers, limits).
+    """
+
+    suite: str
+    kernel: str
+    provider: str
+    shape: str
+    flops: Optional[float] = None
+    bytes_moved: Optional[float] = None
+    roofline: Optional[str] = None
+    compare_to: tuple[str, ...] = ()
+    per_step: Optional[int] = None
+    relative_to: Optional[tuple[str, str, str, str]] = None
+    curve: tuple[CurvePoint, ...] = ()
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.roofline is not None and self.roofline not in ROOFLINES:
+            raise ValueError(f"roofline: expected one of {ROOFLINES} or None; got {self.roofline!r}")
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.suite, self.kernel, self.provider, self.shape)
+
+    @property
+    def group(self) -> tuple[str, str, str]:
+        return (self.suite, self.kernel, self.shape)
+
+    def to_extra_info(self) -> dict[str, Any]:
+        info = dataclasses.asdict(self)
+        info["compare_to"] = list(self.compare_to)
+        info["relative_to"] = None if self.relative_to is None else list(self.relative_to)
+        info["curve"] = [dataclasses.asdict(point) for point in self.curve]
+        return info
+
+    @classmethod
+    def from_extra_info(cls, info: dict[str, Any]) -> "Record":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {name: info[name] for name in fields if name in info}
+        values["compare_to"] = tuple(values.get("compare_to") or ())
+        relative = values.get("relative_to")
+        values["relative_to"] = None if relative is None else tuple(relative)
+        values["curve"] = tuple(CurvePoint(**point) for point in values.get("curve") or ())
+        values["details"] = dict(values.get("details") or {})
+        return cls(**values)
