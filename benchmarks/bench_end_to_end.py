@@ -1,0 +1,94 @@
+"""End-to-end greedy decoding against generated length: full caches and VaSE, side by side in one session.
+
+Each method (`benchmarks.decoding`) generates `new_tokens` tokens for a batch of random
+prompts; the row's timing samples are its decode steps, and its curve gives, at each
+checkpoint length, the median step latency (tokens/s = batch / step) and memory: the KV
+cache held (every profile) and the device's peak allocated memory (CUDA). VaSE's rows are
+compared with both full caches at every length in the report, which also plots the curves.
+
+The `gpu` profile stops each method after 45 s of decoding, or after
+`VASE_BENCH_DECODE_SECONDS` (the curve then ends where the method got to; the row says so);
+`full` decodes 32k tokens without a limit; `cpu` is the CPU measurement quoted in the README.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+from benchmarks import profiles, timing
+from benchmarks.decoding import FULL_CACHE_METHODS, HF_DYNAMIC, HF_STATIC, DecodeSetting, build_model, generate_timed
+from benchmarks.decoding import vase_method
+from benchmarks.records import Record
+from benchmarks.shapes import BUDGETS, GENERATED_LENGTHS, QWEN3, SMALL, TINY
+
+pytestmark = timing.REPLAYED
+
+SUITE = "end-to-end"
+TIME_LIMIT_VARIABLE = "VASE_BENCH_DECODE_SECONDS"
+KERNEL = "greedy decode vs generated length"
+
+SETTING, METHODS = profiles.pick({
+    "smoke": (
+        DecodeSetting(TINY, 2, batch=2, prompt_tokens=16, new_tokens=160, checkpoints=(32, 64, 128, 160)),
+        [HF_DYNAMIC, HF_STATIC, vase_method(32)],
+    ),
+    "gpu": (
+        DecodeSetting(QWEN3["Qwen3-8B"], 2, batch=16, prompt_tokens=256, new_tokens=16384,
+                      checkpoints=GENERATED_LENGTHS[:5], time_limit_s=45.0),
+        [vase_method(2048), HF_DYNAMIC, HF_STATIC],
+    ),
+    "full": (
+        DecodeSetting(QWEN3["Qwen3-8B"], 8, batch=16, prompt_tokens=256, new_tokens=32768,
+                      checkpoints=GENERATED_LENGTHS),
+        [HF_DYNAMIC, HF_STATIC, *(vase_method(budget) for budget in BUDGETS), vase_method(2048, "vase-dkv")],
+    ),
+    "cpu": (
+        DecodeSetting(SMALL, SMALL.num_layers, batch=4, prompt_tokens=64, new_tokens=4096,
+                      checkpoints=(256, 512, 1024, 2048, 3072, 4096)),
+        [HF_DYNAMIC, vase_method(256), vase_method(1024)],
+    ),
+})  # fmt: skip
+if os.environ.get(TIME_LIMIT_VARIABLE):
+    SETTING = dataclasses.replace(SETTING, time_limit_s=float(os.environ[TIME_LIMIT_VARIABLE]))
+
+
+@pytest.fixture(scope="module")
+def model(device):
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return build_model(SETTING.layout, SETTING.num_layers, device, dtype)
+
+
+@pytest.mark.parametrize("method", METHODS, ids=[m.name for m in METHODS])
+def test_decode_vs_length(benchmark, device, monkeypatch, model, method):
+    if device.type == "cpu":
+        monkeypatch.setenv("VASE_BACKEND", "torch")
+    trace = generate_timed(model, method, SETTING, device)
+    record = Record(
+        SUITE, KERNEL, method.name, SETTING.name,
+        compare_to=FULL_CACHE_METHODS if method.cache == "vase" else (),
+        curve=tuple(trace.points),
+        details={
+            **trace.details,
+            "dtype": str(model.dtype).replace("torch.", ""),
+            "layers": model.config.num_hidden_layers,
+            "prompt_tokens": SETTING.prompt_tokens,
+            "new_tokens_requested": SETTING.new_tokens,
+            "generated": trace.generated,
+            "time_limited": trace.time_limited,
+            "decode_seconds": trace.decode_seconds,
+            "tokens_per_s": trace.tokens_per_s,
+            "peak_bytes": trace.peak_bytes,
+        },
+    )  # fmt: skip
+    timing.record_samples(benchmark, trace.step_seconds, record)
+    assert trace.time_limited or trace.generated == SETTING.new_tokens
+    kv_bytes = [point.kv_bytes for point in trace.points]
+    assert len(kv_bytes) >= 1
+    if method.cache == "dynamic":
+        assert kv_bytes == sorted(kv_bytes) and kv_bytes[0] < kv_bytes[-1] or len(kv_bytes) == 1
+    else:
+        assert len(set(kv_bytes)) == 1, f"{method.name}: the cache should not grow; got {kv_bytes}"

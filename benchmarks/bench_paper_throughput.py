@@ -1,0 +1,73 @@
+"""The VaSE paper's throughput protocol, so that our numbers can be read next to its table.
+
+Batch 16, 256 prompt tokens, 16,384 generated tokens, greedy; decode time only (the steps
+after the first token, CUDA events) and peak allocated memory. Full cache
+(`transformers` `DynamicCache`) against `vase` at budget 4096 and `vase-dkv` at budget
+2048, on the Qwen3-14B configuration with random weights unless `VASE_BENCH_CHECKPOINT`
+names a local checkpoint: throughput does not depend on the weights. The paper (Qwen3-14B,
+one GPU) reports 132.9 / 333.4 / 410.9 tokens/s and 68.7 / 39.6 / 33.9 GB.
+
+The `full` profile runs the protocol (about 40 minutes on one H200, most of it the full
+cache); `smoke` runs it on the tiny model; the `gpu` check leaves it out.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks import profiles, timing
+from benchmarks.decoding import HF_DYNAMIC, DecodeSetting, build_model, generate_timed, vase_method
+from benchmarks.records import Record
+from benchmarks.shapes import QWEN3, TINY
+
+pytestmark = timing.REPLAYED
+
+SUITE = "paper-throughput"
+KERNEL = "paper protocol: greedy, decode time only"
+# The paper's Qwen3-14B figures: (tokens/s, peak memory in GB).
+PAPER = {"hf-dynamic": (132.9, 68.7), "vase-4096": (333.4, 39.6), "vase-dkv-2048": (410.9, 33.9)}
+
+SETTING, METHODS = profiles.pick({
+    "smoke": (
+        DecodeSetting(TINY, 2, batch=2, prompt_tokens=16, new_tokens=96, checkpoints=(96,)),
+        [HF_DYNAMIC, vase_method(48), vase_method(32, "vase-dkv")],
+    ),
+    "full": (
+        DecodeSetting(QWEN3["Qwen3-14B"], QWEN3["Qwen3-14B"].num_layers, batch=16, prompt_tokens=256,
+                      new_tokens=16384, checkpoints=(16384,)),
+        [HF_DYNAMIC, vase_method(4096), vase_method(2048, "vase-dkv")],
+    ),
+})  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model(device):
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return build_model(SETTING.layout, SETTING.num_layers, device, dtype)
+
+
+@pytest.mark.parametrize("method", METHODS, ids=[m.name for m in METHODS])
+def test_paper_throughput(benchmark, device, monkeypatch, model, method):
+    if device.type == "cpu":
+        monkeypatch.setenv("VASE_BACKEND", "torch")
+    trace = generate_timed(model, method, SETTING, device)
+    paper = PAPER.get(method.name)
+    record = Record(
+        SUITE, KERNEL, method.name, SETTING.name,
+        compare_to=(HF_DYNAMIC.name,) if method.cache == "vase" else (),
+        details={
+            **trace.details,
+            "dtype": str(model.dtype).replace("torch.", ""),
+            "layers": model.config.num_hidden_layers,
+            "generated": trace.generated,
+            "decode_seconds": trace.decode_seconds,
+            "tokens_per_s": trace.tokens_per_s,
+            "peak_bytes": trace.peak_bytes,
+            "kv_bytes": trace.points[-1].kv_bytes,
+            "paper_tokens_per_s": paper[0] if paper else None,
+            "paper_peak_gb": paper[1] if paper else None,
+        },
+    )  # fmt: skip
+    timing.record_samples(benchmark, trace.step_seconds, record)
+    assert trace.generated == SETTING.new_tokens and trace.tokens_per_s > 0

@@ -1,0 +1,273 @@
+"""End-to-end decoding against generated length: one `generate()` per method, every step timed.
+
+The methods are what a user runs: Hugging Face's `DynamicCache` (eager), Hugging Face's
+`StaticCache` (on CUDA, `generate` compiles the forward with `torch.compile`, mode
+`reduce-overhead`, by itself), and VaSE through `vase_triton.patch_qwen3(model, budget=...,
+compile_mode=...)` (`reduce-overhead` on CUDA; on CPU eager, through the PyTorch
+reference). The model is a stack of Qwen3 layers of a registry layout with random
+weights (greedy decoding; throughput does not depend on the weights), or a local
+checkpoint (`VASE_BENCH_CHECKPOINT`).
+
+A `StepClock` stopping criterion stamps every step (CUDA events on GPU, `perf_counter` on
+CPU), notes memory at the checkpoint lengths and can end a run at a wall-clock limit.
+Before the timed run each method generates once with the same cache object (reset in
+between, nothing reallocated) so that compilation, CUDA-graph capture and the eviction
+kernels' first launch stay out of the timing.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from transformers import StoppingCriteria
+
+from benchmarks.records import CurvePoint
+from benchmarks.shapes import WINDOW, ModelLayout
+
+CHECKPOINT_VARIABLE = "VASE_BENCH_CHECKPOINT"
+# Step latency at length L is the median over the steps that produced tokens (L - span, L].
+CURVE_SPAN = 256
+
+
+@dataclass(frozen=True)
+class Method:
+    """One way to hold the KV cache: `dynamic`, `static` (Hugging Face) or `vase` (policy at budget)."""
+
+    name: str
+    cache: str
+    policy: str = "vase"
+    budget: int = 0
+
+    def vase_config(self):
+        """The `VaSEConfig` of a `vase` method (window 64, or half the budget for tiny smoke budgets)."""
+        from vase_triton import VaSEConfig
+
+        return VaSEConfig(policy=self.policy, budget=self.budget, window=min(WINDOW, self.budget // 2))
+
+    def describe(self, device: torch.device) -> str:
+        if self.cache == "dynamic":
+            return "transformers DynamicCache, eager"
+        if self.cache == "static":
+            compiled = "torch.compile reduce-overhead (generate's own)" if device.type == "cuda" else "eager"
+            return f"transformers StaticCache, {compiled}"
+        compiled = "compile_mode=reduce-overhead" if device.type == "cuda" else "eager, PyTorch reference ops"
+        return f"vase_triton.patch_qwen3(policy={self.policy}, budget={self.budget}), {compiled}"
+
+
+HF_DYNAMIC = Method("hf-dynamic", "dynamic")
+HF_STATIC = Method("hf-static", "static")
+FULL_CACHE_METHODS = (HF_DYNAMIC.name, HF_STATIC.name)
+
+
+def vase_method(budget: int, policy: str = "vase") -> Method:
+    return Method(f"{policy}-{budget}", "vase", policy, budget)
+
+
+@dataclass(frozen=True)
+class DecodeSetting:
+    """A decoding workload: `batch` random prompts of `prompt_tokens`, `new_tokens` greedy tokens each."""
+
+    layout: ModelLayout
+    num_layers: int
+    batch: int
+    prompt_tokens: int
+    new_tokens: int
+    checkpoints: tuple[int, ...]
+    time_limit_s: Optional[float] = None
+
+    @property
+    def name(self) -> str:
+        depth = "" if self.num_layers == self.layout.num_layers else f" ({self.num_layers} layers)"
+        return f"{self.layout.name}{depth} B{self.batch} P{self.prompt_tokens}"
+
+
+@dataclass
+class Trace:
+    """What one timed `generate()` measured."""
+
+    generated: int
+    step_seconds: list[float]
+    decode_seconds: float
+    points: list[CurvePoint]
+    peak_bytes: Optional[int]
+    time_limited: bool
+    details: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode throughput over the whole run: new tokens after the first, per second, all sequences."""
+        return len(self.step_seconds) * self.details["batch"] / self.decode_seconds
+
+
+def build_model(layout: ModelLayout, num_layers: int, device: torch.device, dtype: torch.dtype):
+    """`VASE_BENCH_CHECKPOINT` loaded whole when set, else a random-weight Qwen3 of `layout` with `num_layers`."""
+    from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
+
+    checkpoint = os.environ.get(CHECKPOINT_VARIABLE, "").strip()
+    if checkpoint:
+        model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).to(device)
+    else:
+        previous = torch.get_default_dtype()
+        torch.manual_seed(0)
+        torch.set_default_dtype(dtype)
+        try:
+            with torch.device(device):
+                model = Qwen3ForCausalLM(layout.qwen3_config(num_layers))
+        finally:
+            torch.set_default_dtype(previous)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def weights_description() -> str:
+    checkpoint = os.environ.get(CHECKPOINT_VARIABLE, "").strip()
+    return f"checkpoint {checkpoint}" if checkpoint else "random (throughput does not depend on the weights)"
+
+
+def kv_cache_bytes(cache) -> int:
+    """Bytes the cache holds now: a `VaSECache`'s static buffers, or a transformers cache's layer tensors."""
+    if hasattr(cache, "memory_bytes"):
+        return int(cache.memory_bytes)
+    total = 0
+    for layer in cache.layers:
+        for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(tensor, torch.Tensor):
+                total += tensor.numel() * tensor.element_size()
+    return total
+
+
+class StepClock(StoppingCriteria):
+    """Stamps each generation step; notes memory at `checkpoints`; stops all rows past `time_limit_s`."""
+
+    def __init__(self, prompt_tokens: int, checkpoints, cache, device: torch.device, time_limit_s=None):
+        self.prompt_tokens = prompt_tokens
+        self.checkpoints = set(checkpoints)
+        self.cache = cache
+        self.device = device
+        self.time_limit_s = time_limit_s
+        self.stamps: list = []
+        self.memory: dict[int, tuple[int, Optional[int]]] = {}
+        self.started = time.perf_counter()
+        self.time_limited = False
+        self._stop: Optional[torch.Tensor] = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.stamps.append(event)
+        else:
+            self.stamps.append(time.perf_counter())
+        generated = input_ids.shape[1] - self.prompt_tokens
+        if generated in self.checkpoints:
+            peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+            self.memory[generated] = (kv_cache_bytes(self.cache), peak)
+        if self._stop is None:
+            self._stop = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        if self.time_limit_s is not None and time.perf_counter() - self.started > self.time_limit_s:
+            self.time_limited = True
+            return torch.ones_like(self._stop)
+        return self._stop
+
+    def seconds_between_stamps(self) -> list[float]:
+        """Durations of the steps after the first (the prefill step), in order."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.stamps, self.stamps[1:])]
+        return [b - a for a, b in zip(self.stamps, self.stamps[1:])]
+
+
+def curve(step_seconds: list[float], memory: dict, batch: int) -> list[CurvePoint]:
+    """Median step latency over the `CURVE_SPAN` steps up to each checkpoint reached, with its memory.
+
+    `step_seconds[i]` is the step that produced token `i + 2` (the first token comes from prefill).
+    """
+    points = []
+    for generated in sorted(memory):
+        span = step_seconds[max(0, generated - 1 - CURVE_SPAN) : generated - 1]
+        if not span:
+            continue
+        step = statistics.median(span)
+        kv_bytes, peak = memory[generated]
+        points.append(CurvePoint(generated, step, batch / step, kv_bytes, peak))
+    return points
+
+
+def _cache_argument(model) -> str:
+    """Name of the cache argument of `model.forward`: `cache` (transformers >= 5.24) or `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
+
+def _make_cache(model, method: Method, setting: DecodeSetting):
+    from transformers import DynamicCache, StaticCache
+
+    if method.cache == "dynamic":
+        return DynamicCache(config=model.config)
+    if method.cache == "static":
+        return StaticCache(config=model.config, max_cache_len=setting.prompt_tokens + setting.new_tokens)
+    from vase_triton import VaSECache
+
+    return VaSECache.for_model(model, method.vase_config(), batch_size=setting.batch)
+
+
+def _warmup_tokens(method: Method, setting: DecodeSetting) -> int:
+    """Tokens the untimed run generates: enough for two evictions with VaSE, a few steps otherwise."""
+    if method.cache != "vase":
+        return 8
+    return max(8, method.budget + 2 * method.vase_config().window - setting.prompt_tokens + 2)
+
+
+def generate_timed(model, method: Method, setting: DecodeSetting, device: torch.device) -> Trace:
+    """Warm up, then run one timed greedy `generate()` of `setting` with `method`'s cache."""
+    import vase_triton
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    vocab = model.config.vocab_size
+    input_ids = torch.randint(1, vocab, (setting.batch, setting.prompt_tokens), generator=gen).to(device)
+    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    if method.cache == "vase":
+        compile_mode = "reduce-overhead" if device.type == "cuda" else None
+        vase_triton.patch_qwen3(model, method.vase_config(), compile_mode=compile_mode)
+    argument = _cache_argument(model)
+    try:
+        cache = _make_cache(model, method, setting)
+        warmup = min(_warmup_tokens(method, setting), setting.new_tokens)
+        model.generate(**inputs, max_new_tokens=warmup, do_sample=False, **{argument: cache})
+        if method.cache == "dynamic":
+            cache = _make_cache(model, method, setting)
+        else:
+            cache.reset()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        clock = StepClock(setting.prompt_tokens, setting.checkpoints, cache, device, setting.time_limit_s)
+        model.generate(
+            **inputs, max_new_tokens=setting.new_tokens, do_sample=False, stopping_criteria=[clock],
+            **{argument: cache},
+        )  # fmt: skip
+        step_seconds = clock.seconds_between_stamps()
+    finally:
+        if method.cache == "vase":
+            vase_triton.unpatch(model)
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    return Trace(
+        generated=len(clock.stamps),
+        step_seconds=step_seconds,
+        decode_seconds=sum(step_seconds),
+        points=curve(step_seconds, clock.memory, setting.batch),
+        peak_bytes=peak,
+        time_limited=clock.time_limited,
+        details={
+            "batch": setting.batch,
+            "method": method.describe(device),
+            "weights": weights_description(),
+            "warmup_tokens": warmup,
+        },
+    )
