@@ -1,0 +1,557 @@
+"""Turn the suites' pytest-benchmark JSON into a markdown report, a CSV of every row and PNG plots.
+
+    python -m benchmarks.report RESULTS.json [RESULTS.json ...] --out DIR [--compare OLD.json ...] [--threshold 5]
+
+Writes `DIR/report.md`, `DIR/results.csv` and, when end-to-end rows are present,
+`DIR/decode_step_latency.png` and `DIR/memory.png`. Every kernel row states its run (device,
+versions, commit: the "Runs" table), shape, median, interquartile range and p20–p80 of its
+samples, the achieved TFLOP/s or GB/s and its percentage of the roofline that the same
+run measured (copy bandwidth, bf16 matmul rate), and its speed-up over each alternative
+provider of the same shape ("absent" when that alternative has no timed row). With
+`--compare`, each row's median is compared with the same row of the earlier run(s); the
+exit status is 1 when any row is slower by more than `--threshold` percent (default 5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+from benchmarks.records import COPY, MATMUL, Record
+
+ABSENT = "absent"
+NOT_APPLICABLE = "—"
+DEFAULT_THRESHOLD_PERCENT = 5.0
+KERNEL_SUITES = ("prefill", "decode", "eviction", "score-mode")
+CURVE_SUITE = "end-to-end"
+PAPER_SUITE = "paper-throughput"
+FULL_CACHE_BASELINE = "hf-dynamic"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One input file: where and when it was measured."""
+
+    id: str
+    source: str
+    device: str
+    profile: str
+    versions: dict
+    commit: str
+    date: str
+    roofline: Optional[dict]
+    timing: str
+
+    @property
+    def is_measurement(self) -> bool:
+        return self.profile != "smoke"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One benchmark row: its record, its run and the statistics of its samples (seconds)."""
+
+    run: Run
+    record: Record
+    median_s: Optional[float]
+    iqr_s: Optional[float]
+    p20_s: Optional[float]
+    p80_s: Optional[float]
+    rounds: int
+
+    @property
+    def tflops(self) -> Optional[float]:
+        return _rate(self.record.flops, self.median_s, 1e12)
+
+    @property
+    def gbs(self) -> Optional[float]:
+        return _rate(self.record.bytes_moved, self.median_s, 1e9)
+
+    @property
+    def roofline_percent(self) -> Optional[float]:
+        """Achieved rate as a percentage of the run's measured copy bandwidth or matmul rate."""
+        roofline = self.run.roofline
+        if roofline is None or self.record.roofline is None:
+            return None
+        if self.record.roofline == MATMUL and self.tflops is not None:
+            return 100.0 * self.tflops / roofline["matmul_tflops"]
+        if self.record.roofline == COPY and self.gbs is not None:
+            return 100.0 * self.gbs / roofline["copy_gbs"]
+        return None
+
+    @property
+    def per_step_s(self) -> Optional[float]:
+        if self.median_s is None or self.record.per_step is None:
+            return None
+        return self.median_s / self.record.per_step
+
+
+def _rate(amount: Optional[float], seconds: Optional[float], unit: float) -> Optional[float]:
+    if amount is None or seconds is None or seconds <= 0:
+        return None
+    return amount / seconds / unit
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile of an ascending sequence (numpy's default)."""
+    position = q * (len(sorted_values) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _commit(commit_info: dict) -> str:
+    commit = commit_info.get("id")
+    if not commit:
+        return "unknown"
+    return commit[:12] + ("+dirty" if commit_info.get("dirty") else "")
+
+
+def load_runs(paths: Sequence[Path], prefix: str = "#") -> list[Row]:
+    """Rows of every benchmark in `paths` (pytest-benchmark JSON written by the suites)."""
+    rows = []
+    for index, path in enumerate(paths, start=1):
+        data = json.loads(Path(path).read_text())
+        info = data.get("machine_info", {}).get("vase_bench")
+        if info is None:
+            raise ValueError(f"{path}: expected a JSON written by the vase_triton suites (machine_info.vase_bench)")
+        run = Run(
+            id=f"{prefix}{index}",
+            source=Path(path).name,
+            device=info["device"],
+            profile=info["profile"],
+            versions=info["versions"],
+            commit=_commit(data.get("commit_info", {})),
+            date=data.get("datetime", "")[:19].replace("T", " "),
+            roofline=info.get("roofline"),
+            timing=info.get("timing", ""),
+        )
+        for bench in data["benchmarks"]:
+            rows.append(_row(run, bench))
+    return rows
+
+
+def _row(run: Run, bench: dict) -> Row:
+    record = Record.from_extra_info(bench["extra_info"])
+    stats = bench.get("stats")
+    if not stats:
+        return Row(run, record, None, None, None, None, 0)
+    data = sorted(stats.get("data") or [])
+    p20 = quantile(data, 0.2) if data else None
+    p80 = quantile(data, 0.8) if data else None
+    return Row(run, record, stats["median"], stats["iqr"], p20, p80, stats["rounds"])
+
+
+# ----------------------------------------------------------------------------- lookups
+
+
+class RowIndex:
+    """Rows by `(device, suite, kernel, provider, shape)`; a row's own run is preferred on lookup."""
+
+    def __init__(self, rows: Iterable[Row]):
+        self._rows: dict[tuple, list[Row]] = {}
+        for row in rows:
+            self._rows.setdefault((row.run.device, *row.record.key), []).append(row)
+
+    def find(self, device: str, key: tuple, prefer_run: Optional[str] = None) -> Optional[Row]:
+        candidates = [row for row in self._rows.get((device, *key), []) if row.median_s is not None]
+        for row in candidates:
+            if row.run.id == prefer_run:
+                return row
+        return candidates[0] if candidates else None
+
+
+def speedup(index: RowIndex, row: Row, provider: str) -> Optional[float]:
+    """How many times faster `row` is than `provider` on the same shape; None when either is untimed."""
+    suite, kernel, _, shape = row.record.key
+    other = index.find(row.run.device, (suite, kernel, provider, shape), row.run.id)
+    if other is None or row.median_s is None:
+        return None
+    return other.median_s / row.median_s
+
+
+def relative_percent(index: RowIndex, row: Row) -> Optional[float]:
+    """`row`'s per-step time as a percentage of its `relative_to` row (e.g. one decode step)."""
+    if row.per_step_s is None or row.record.relative_to is None:
+        return None
+    other = index.find(row.run.device, row.record.relative_to, row.run.id)
+    if other is None:
+        return None
+    return 100.0 * row.per_step_s / other.median_s
+
+
+# ----------------------------------------------------------------------------- comparison
+
+
+@dataclass(frozen=True)
+class Change:
+    """One row's median now against an earlier run; `change` is `new / old - 1`."""
+
+    key: tuple
+    old_s: Optional[float]
+    new_s: Optional[float]
+    threshold: float
+
+    @property
+    def change(self) -> Optional[float]:
+        if self.old_s is None or self.new_s is None:
+            return None
+        return self.new_s / self.old_s - 1.0
+
+    @property
+    def verdict(self) -> str:
+        if self.old_s is None:
+            return "new"
+        if self.new_s is None:
+            return "not in this run"
+        if self.change > self.threshold:
+            return "REGRESSION"
+        if self.change < -self.threshold:
+            return "faster"
+        return "unchanged"
+
+
+def compare(new_rows: Sequence[Row], old_rows: Sequence[Row], threshold: float) -> list[Change]:
+    """Every timed row of either side, matched by device and `(suite, kernel, provider, shape)`."""
+    old = {(row.run.device, *row.record.key): row.median_s for row in old_rows if row.median_s is not None}
+    new = {(row.run.device, *row.record.key): row.median_s for row in new_rows if row.median_s is not None}
+    return [Change(key, old.get(key), new.get(key), threshold) for key in dict.fromkeys([*new, *old])]
+
+
+# ----------------------------------------------------------------------------- formatting
+
+
+def format_time(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return ABSENT
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def format_number(value: Optional[float], unit: str = "", digits: int = 1) -> str:
+    """`value` with `digits` decimals, or three significant digits below 1 (never rounded to 0)."""
+    if value is None:
+        return ABSENT
+    if 0 < abs(value) < 1:
+        return f"{value:.3g}{unit}"
+    return f"{value:,.{digits}f}{unit}"
+
+
+def format_bytes(value: Optional[float]) -> str:
+    if value is None:
+        return ABSENT
+    return f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:.1f} MiB"
+
+
+def format_speedup(value: Optional[float]) -> str:
+    if value is None:
+        return ABSENT
+    return f"{value:.3g}x" if value < 0.1 else f"{value:.2f}x"
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]], right_from: int) -> list[str]:
+    align = ["---" if i < right_from else "---:" for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return lines
+
+
+def runs_section(runs: Sequence[Run]) -> list[str]:
+    header = ["run", "device", "profile", "torch", "triton", "transformers", "CUDA", "commit", "date (UTC)",
+              "copy GB/s (measured)", "bf16 matmul TFLOP/s (measured)", "file"]  # fmt: skip
+    body = []
+    for run in runs:
+        roofline = run.roofline or {}
+        versions = run.versions
+        body.append([
+            run.id, run.device, run.profile, versions.get("torch") or ABSENT, versions.get("triton") or ABSENT,
+            versions.get("transformers") or ABSENT, versions.get("cuda") or "none", run.commit, run.date,
+            format_number(roofline.get("copy_gbs"), digits=0), format_number(roofline.get("matmul_tflops")), run.source,
+        ])  # fmt: skip
+    lines = ["## Runs", ""] + _table(header, body, right_from=len(header))
+    timings = sorted({run.timing for run in runs if run.timing})
+    if timings:
+        lines += ["", "Timing: " + "; ".join(timings) + "."]
+    return lines
+
+
+def kernel_section(suite: str, rows: Sequence[Row], index: RowIndex) -> list[str]:
+    """One table for a kernel suite: one row per kernel x shape x provider."""
+    alternatives = list(dict.fromkeys(p for row in rows for p in row.record.compare_to))
+    with_flops = any(row.record.flops for row in rows)
+    with_bytes = any(row.record.bytes_moved for row in rows)
+    with_steps = any(row.record.per_step for row in rows)
+    relative = next((row.record.relative_to for row in rows if row.record.relative_to), None)
+    kernels = list(dict.fromkeys(row.record.kernel for row in rows))
+    header = ["run"] + (["kernel"] if len(kernels) > 1 else []) + ["shape", "provider", "median", "IQR", "p20–p80"]
+    header += (["TFLOP/s"] if with_flops else []) + (["GB/s"] if with_bytes else [])
+    header += ["% of roofline"] if (with_flops or with_bytes) else []
+    header += [f"vs {provider}" for provider in alternatives]
+    if with_steps:
+        header += ["per decode step"]
+        if relative is not None:
+            header += [f"% of {relative[0]} ({relative[2]})"]
+    body = []
+    for row in rows:
+        record = row.record
+        cells = [row.run.id] + ([record.kernel] if len(kernels) > 1 else []) + [record.shape, record.provider]
+        spread = ABSENT if row.p20_s is None else f"{format_time(row.p20_s)} – {format_time(row.p80_s)}"
+        cells += [format_time(row.median_s), format_time(row.iqr_s), spread]
+        if with_flops:
+            cells.append(format_number(row.tflops) if record.flops else NOT_APPLICABLE)
+        if with_bytes:
+            cells.append(format_number(row.gbs, digits=0) if record.bytes_moved else NOT_APPLICABLE)
+        if with_flops or with_bytes:
+            cells.append(format_number(row.roofline_percent, " %") if row.run.roofline else "no roofline")
+        for provider in alternatives:
+            cells.append(format_speedup(speedup(index, row, provider)) if provider in record.compare_to else NOT_APPLICABLE)
+        if with_steps:
+            cells.append(format_time(row.per_step_s) if record.per_step else NOT_APPLICABLE)
+            if relative is not None:
+                percent = relative_percent(index, row)
+                cells.append(format_number(percent, " %", digits=2) if record.relative_to else NOT_APPLICABLE)
+        body.append(cells)
+    first_number = header.index("median")
+    lines = [f"## {suite}", ""]
+    if len(kernels) == 1:
+        lines += [f"Kernel: {kernels[0]}.", ""]
+    return lines + _table(header, body, right_from=first_number)
+
+
+def curve_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
+    """End-to-end decoding: step latency, tokens/s, speed-up over the full caches and memory, per length."""
+    lines = ["## end-to-end decoding against generated length", ""]
+    for group in dict.fromkeys((row.run.id, row.record.shape) for row in rows):
+        members = [row for row in rows if (row.run.id, row.record.shape) == group]
+        lengths = sorted({point.generated for row in members for point in row.record.curve})
+        first = members[0]
+        lines += [f"### {first.record.shape} — run {first.run.id} ({first.run.device})", ""]
+        lines += [f"- {row.record.provider}: {row.record.details.get('method', '')}; {_run_summary(row)}" for row in members]
+        lines += ["", "Step latency and tokens/s (batch / step latency), median over the 256 steps up to each length:", ""]
+        header = ["method"] + [f"{length:,} tokens" for length in lengths] + ["cost growth (last / first)"]
+        body = []
+        for row in members:
+            points = {point.generated: point for point in row.record.curve}
+            cells = [row.record.provider]
+            for length in lengths:
+                point = points.get(length)
+                cells.append(ABSENT if point is None else f"{format_time(point.step_s)} · {point.tokens_per_s:,.0f} tok/s")
+            steps = [point.step_s for point in row.record.curve]
+            cells.append(format_speedup(steps[-1] / steps[0]) if len(steps) > 1 else ABSENT)
+            body.append(cells)
+        lines += _table(header, body, right_from=1) + [""]
+        baselines = [p for p in dict.fromkeys(p for row in members for p in row.record.compare_to)]
+        pairs = [(row, base) for row in members for base in baselines if base in row.record.compare_to]
+        if pairs:
+            lines += ["Speed-up over the full caches (their step latency / ours) at each length:", ""]
+            header = ["method", "vs"] + [f"{length:,} tokens" for length in lengths] + ["faster from"]
+            body = []
+            for row, base in pairs:
+                other = index.find(row.run.device, (row.record.suite, row.record.kernel, base, row.record.shape), row.run.id)
+                ratios = _curve_ratios(row, other, lengths)
+                pays = next((f"{length:,} tokens" for length in lengths if (ratios[length] or 0) > 1.0), "not within the run")
+                body.append([row.record.provider, base] + [format_speedup(ratios[length]) for length in lengths] + [pays])
+            lines += _table(header, body, right_from=2) + [""]
+        lines += ["Memory at each length: KV cache held · peak allocated device memory (CUDA only):", ""]
+        header = ["method"] + [f"{length:,} tokens" for length in lengths]
+        body = []
+        for row in members:
+            points = {point.generated: point for point in row.record.curve}
+            cells = [row.record.provider]
+            for length in lengths:
+                point = points.get(length)
+                if point is None:
+                    cells.append(ABSENT)
+                else:
+                    peak = "" if point.peak_bytes is None else f" · {format_bytes(point.peak_bytes)}"
+                    cells.append(f"{format_bytes(point.kv_bytes)}{peak}")
+            body.append(cells)
+        lines += _table(header, body, right_from=1) + [""]
+    return lines
+
+
+def _run_summary(row: Row) -> str:
+    details = row.record.details
+    summary = f"{details.get('generated', 0):,} tokens generated"
+    if details.get("time_limited"):
+        summary += " (stopped at the time limit)"
+    tokens_per_s = details.get("tokens_per_s")
+    if tokens_per_s:
+        summary += f", {tokens_per_s:,.1f} tok/s over the whole decode"
+    return summary
+
+
+def _curve_ratios(row: Row, other: Optional[Row], lengths: Sequence[int]) -> dict[int, Optional[float]]:
+    ours = {point.generated: point.step_s for point in row.record.curve}
+    theirs = {} if other is None else {point.generated: point.step_s for point in other.record.curve}
+    return {
+        length: (theirs[length] / ours[length]) if length in ours and length in theirs else None for length in lengths
+    }
+
+
+def paper_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
+    header = ["run", "setting", "method", "decode tok/s", "peak memory", "KV cache", "vs full cache",
+              "paper tok/s", "paper GB", "paper vs full cache"]  # fmt: skip
+    body = []
+    for row in rows:
+        details = row.record.details
+        paper_base = next((r.record.details.get("paper_tokens_per_s") for r in rows
+                           if r.record.provider == FULL_CACHE_BASELINE and r.run.id == row.run.id), None)  # fmt: skip
+        paper = details.get("paper_tokens_per_s")
+        base = index.find(row.run.device, (row.record.suite, row.record.kernel, FULL_CACHE_BASELINE, row.record.shape),
+                          row.run.id)  # fmt: skip
+        ours = details.get("tokens_per_s")
+        theirs = None if base is None else base.record.details.get("tokens_per_s")
+        vs_full = ours / theirs if ours and theirs and row.record.provider != FULL_CACHE_BASELINE else None
+        body.append([
+            row.run.id, row.record.shape, row.record.provider, format_number(ours), format_bytes(details.get("peak_bytes")),
+            format_bytes(details.get("kv_bytes")),
+            NOT_APPLICABLE if row.record.provider == FULL_CACHE_BASELINE else format_speedup(vs_full),
+            format_number(paper), format_number(details.get("paper_peak_gb")),
+            format_speedup(paper / paper_base) if paper and paper_base and paper is not paper_base else NOT_APPLICABLE,
+        ])  # fmt: skip
+    lines = ["## the paper's throughput protocol", ""]
+    lines += ["Batch 16, 256 prompt tokens, 16,384 new tokens, greedy, decode time only; weights: "
+              f"{rows[0].record.details.get('weights', ABSENT)}.", ""]  # fmt: skip
+    return lines + _table(header, body, right_from=3)
+
+
+def comparison_section(changes: Sequence[Change], threshold: float) -> list[str]:
+    header = ["device", "suite", "kernel", "provider", "shape", "before", "now", "change", "verdict"]
+    body = []
+    for change in changes:
+        percent = ABSENT if change.change is None else f"{100 * change.change:+.1f} %"
+        body.append([*change.key, format_time(change.old_s), format_time(change.new_s), percent, change.verdict])
+    regressions = sum(change.verdict == "REGRESSION" for change in changes)
+    lines = [f"## comparison with the earlier run (threshold {100 * threshold:.1f} % on the median)", ""]
+    lines += [f"{regressions} regression(s).", ""]
+    return lines + _table(header, body, right_from=5)
+
+
+def render(
+    rows: Sequence[Row], changes: Optional[Sequence[Change]], threshold: float, plots: Sequence[str],
+    plot_note: Optional[str] = None,
+) -> str:
+    runs = list({row.run.id: row.run for row in rows}.values())
+    index = RowIndex(rows)
+    lines = ["# vase_triton benchmark report", ""]
+    if any(not run.is_measurement for run in runs):
+        lines += ["> **Smoke run — not a measurement.** Tiny shapes, run once (on CPU through the Triton "
+                  "interpreter) to check that every suite works. Do not quote these times.", ""]  # fmt: skip
+    lines += runs_section(runs) + [""]
+    for suite in KERNEL_SUITES:
+        suite_rows = [row for row in rows if row.record.suite == suite]
+        if suite_rows:
+            lines += kernel_section(suite, suite_rows, index) + [""]
+    curve_rows = [row for row in rows if row.record.suite == CURVE_SUITE]
+    if curve_rows:
+        lines += curve_section(curve_rows, index)
+        lines += [f"![{name}]({name})" for name in plots] + ([plot_note] if plot_note else []) + [""]
+    paper_rows = [row for row in rows if row.record.suite == PAPER_SUITE]
+    if paper_rows:
+        lines += paper_section(paper_rows, index) + [""]
+    if changes is not None:
+        lines += comparison_section(changes, threshold) + [""]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- CSV and plots
+
+CSV_FIELDS = ("run", "device", "profile", "torch", "triton", "transformers", "commit", "date", "suite", "kernel",
+              "provider", "shape", "median_s", "iqr_s", "p20_s", "p80_s", "rounds", "tflops", "gbs",
+              "roofline_percent")  # fmt: skip
+
+
+def write_csv(rows: Sequence[Row], path: Path) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(CSV_FIELDS)
+        for row in rows:
+            run, record = row.run, row.record
+            writer.writerow([
+                run.id, run.device, run.profile, run.versions.get("torch"), run.versions.get("triton"),
+                run.versions.get("transformers"), run.commit, run.date, record.suite, record.kernel, record.provider,
+                record.shape, row.median_s, row.iqr_s, row.p20_s, row.p80_s, row.rounds, row.tflops, row.gbs,
+                row.roofline_percent,
+            ])  # fmt: skip
+
+
+def plot_curves(rows: Sequence[Row], directory: Path) -> list[str]:
+    """`decode_step_latency.png` and `memory.png`: one line per method and run; returns the file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curve_rows = [row for row in rows if row.record.suite == CURVE_SUITE and row.record.curve]
+    if not curve_rows:
+        return []
+    gpu = any(point.peak_bytes is not None for row in curve_rows for point in row.record.curve)
+    panels = (
+        ("decode_step_latency.png", "decode step latency (ms)", lambda p: p.step_s * 1e3),
+        ("memory.png", "peak allocated memory (GiB)" if gpu else "KV cache (GiB)",
+         lambda p: (p.peak_bytes if gpu else p.kv_bytes) / 2**30),
+    )  # fmt: skip
+    names = []
+    for name, label, value in panels:
+        figure, axis = plt.subplots(figsize=(7, 4.5))
+        for row in curve_rows:
+            xs = [point.generated for point in row.record.curve]
+            ys = [value(point) for point in row.record.curve]
+            axis.plot(xs, ys, marker="o", label=f"{row.record.provider} ({row.run.id}, {row.record.shape})")
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("generated tokens")
+        axis.set_ylabel(label)
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize=7)
+        devices = ", ".join(dict.fromkeys(row.run.device for row in curve_rows))
+        axis.set_title(f"{label.split(' (')[0]} vs generated length — {devices}", fontsize=9)
+        figure.tight_layout()
+        figure.savefig(directory / name, dpi=120)
+        plt.close(figure)
+        names.append(name)
+    return names
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", nargs="+", type=Path, help="pytest-benchmark JSON files written by the suites")
+    parser.add_argument("--out", type=Path, required=True, help="directory for report.md, results.csv and the plots")
+    parser.add_argument("--compare", nargs="+", type=Path, help="earlier JSON file(s) to compare the medians with")
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD_PERCENT,
+                        help="percent slower on the median that counts as a regression (default 5)")  # fmt: skip
+    args = parser.parse_args(argv)
+    rows = load_runs(args.results)
+    threshold = args.threshold / 100.0
+    changes = compare(rows, load_runs(args.compare, prefix="old #"), threshold) if args.compare else None
+    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        plots, plot_note = plot_curves(rows, args.out), None
+    except ImportError:
+        plots, plot_note = [], "Plots not drawn: matplotlib is not installed (`pip install -e \".[bench]\"`)."
+    (args.out / "report.md").write_text(render(rows, changes, threshold, plots, plot_note))
+    write_csv(rows, args.out / "results.csv")
+    print(f"report written to {args.out / 'report.md'} ({len(rows)} rows)")
+    regressions = [change for change in changes or () if change.verdict == "REGRESSION"]
+    for change in regressions:
+        print(f"regression: {' / '.join(change.key)}: {100 * change.change:+.1f} % on the median", file=sys.stderr)
+    return 1 if regressions else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

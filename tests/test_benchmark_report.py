@@ -1,0 +1,170 @@
+"""The benchmark report generator (`benchmarks.report`) on recorded pytest-benchmark JSON.
+
+`tests/data/benchmarks_smoke_cpu.json` is a CPU smoke run of every suite (`python -m
+pytest benchmarks --benchmark-json ...`). The other inputs are that file with the rows
+replaced by hand-made ones of known timings, on a made-up GPU with a known roofline, so
+rates, roofline percentages, speed-ups and regressions can be checked exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from pytest_benchmark.stats import Stats
+
+from benchmarks import report
+from benchmarks.records import COPY, MATMUL, CurvePoint, Record
+
+RECORDED = Path(__file__).parent / "data" / "benchmarks_smoke_cpu.json"
+SUITES = ("prefill", "decode", "eviction", "score-mode", "end-to-end", "paper-throughput")
+ROOFLINE = {"copy_gbs": 4000.0, "matmul_tflops": 800.0, "method": "made up"}
+PREFILL = ("prefill", "prefill attention (causal)")
+DECODE = ("decode", "decode attention (one step)")
+E2E = ("end-to-end", "greedy decode vs generated length")
+
+
+def _entry(template: dict, record: Record, samples) -> dict:
+    entry = copy.deepcopy(template)
+    entry["extra_info"] = record.to_extra_info()
+    stats = Stats()
+    for sample in samples:
+        stats.update(sample)
+    entry["stats"] = {**stats.as_dict(), "data": list(samples), "iterations": 1}
+    return entry
+
+
+def _spread(median: float) -> list[float]:
+    """Five samples of median m: p20 = 0.964 m, p80 = 1.036 m (linear interpolation); pytest-benchmark's IQR 0.08 m."""
+    return [0.9 * median, 0.98 * median, median, 1.02 * median, 1.1 * median]
+
+
+def synthetic_rows(decode_slowdown: float = 1.0) -> list[tuple[Record, list[float]]]:
+    """Kernel and end-to-end rows with known medians (seconds)."""
+    decode = DECODE + ("vase", "Qwen3-8B B16 C4160")
+    return [
+        (Record(*PREFILL, "vase", "Qwen3-8B B1 T8192", flops=4e11, roofline=MATMUL,
+                compare_to=("sdpa", "flash-attn", "reference")), _spread(1e-3)),
+        (Record(*PREFILL, "vase+scores", "Qwen3-8B B1 T8192", flops=4e11, roofline=MATMUL,
+                compare_to=("sdpa", "flash-attn", "reference", "vase")), _spread(1.05e-3)),
+        (Record(*PREFILL, "sdpa", "Qwen3-8B B1 T8192", flops=4e11, roofline=MATMUL), _spread(1.1e-3)),
+        (Record(*decode, bytes_moved=2.8e8, roofline=COPY, compare_to=("sdpa",)), _spread(1e-4 * decode_slowdown)),
+        (Record(*DECODE, "sdpa", "Qwen3-8B B16 C4160", bytes_moved=2.8e8, roofline=COPY), _spread(1.5e-4)),
+        (Record("eviction", "eviction vase", "vase", "Qwen3-8B B16 C4160", bytes_moved=1e8, roofline=COPY,
+                compare_to=("reference",), per_step=64, relative_to=decode), _spread(1.28e-4)),
+        (Record(*E2E, "hf-dynamic", "Qwen3-8B (2 layers) B16 P256",
+                curve=(CurvePoint(1024, 0.010, 1600.0, 2**30), CurvePoint(2048, 0.020, 800.0, 2**31))),
+         [0.010, 0.015, 0.020]),
+        (Record(*E2E, "vase-2048", "Qwen3-8B (2 layers) B16 P256", compare_to=("hf-dynamic", "hf-static"),
+                curve=(CurvePoint(1024, 0.008, 2000.0, 2**29), CurvePoint(2048, 0.008, 2000.0, 2**29))),
+         [0.008, 0.008, 0.008]),
+    ]  # fmt: skip
+
+
+def write_synthetic(path: Path, rows, device: str = "NVIDIA H200") -> Path:
+    data = json.loads(RECORDED.read_text())
+    template = data["benchmarks"][0]
+    data["machine_info"]["vase_bench"].update(device=device, profile="gpu", roofline=ROOFLINE)
+    data["benchmarks"] = [_entry(template, record, samples) for record, samples in rows]
+    path.write_text(json.dumps(data))
+    return path
+
+
+def by_key(rows: list[report.Row]) -> dict[tuple, report.Row]:
+    return {row.record.key: row for row in rows}
+
+
+def test_recorded_smoke_run_has_every_suite_and_renders_as_a_smoke(tmp_path):
+    rows = report.load_runs([RECORDED])
+    assert {row.record.suite for row in rows} == set(SUITES)
+    assert all(row.median_s is not None and row.median_s > 0 for row in rows)
+    assert report.main([str(RECORDED), "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "report.md").read_text()
+    assert "Smoke run — not a measurement" in text
+    for suite in ("## prefill", "## decode", "## eviction", "## score-mode", "## end-to-end", "## the paper"):
+        assert suite in text
+    assert (tmp_path / "decode_step_latency.png").stat().st_size > 0
+    assert (tmp_path / "memory.png").stat().st_size > 0
+    assert len((tmp_path / "results.csv").read_text().splitlines()) == len(rows) + 1
+
+
+def test_rates_roofline_percentages_and_spread(tmp_path):
+    rows = by_key(report.load_runs([write_synthetic(tmp_path / "new.json", synthetic_rows())]))
+    prefill = rows[PREFILL + ("vase", "Qwen3-8B B1 T8192")]
+    assert prefill.median_s == pytest.approx(1e-3)
+    assert prefill.tflops == pytest.approx(400.0)
+    assert prefill.roofline_percent == pytest.approx(50.0)
+    assert prefill.p20_s == pytest.approx(0.964e-3) and prefill.p80_s == pytest.approx(1.036e-3)
+    assert prefill.iqr_s == pytest.approx(0.08e-3)
+    decode = rows[DECODE + ("vase", "Qwen3-8B B16 C4160")]
+    assert decode.gbs == pytest.approx(2800.0)
+    assert decode.roofline_percent == pytest.approx(70.0)
+    assert decode.tflops is None
+
+
+def test_speedups_and_absent_baselines(tmp_path):
+    rows = report.load_runs([write_synthetic(tmp_path / "new.json", synthetic_rows())])
+    index, keyed = report.RowIndex(rows), by_key(rows)
+    vase = keyed[PREFILL + ("vase", "Qwen3-8B B1 T8192")]
+    scores = keyed[PREFILL + ("vase+scores", "Qwen3-8B B1 T8192")]
+    assert report.speedup(index, vase, "sdpa") == pytest.approx(1.1)
+    assert report.speedup(index, scores, "vase") == pytest.approx(1 / 1.05)
+    assert report.speedup(index, vase, "flash-attn") is None
+    assert report.speedup(index, vase, "reference") is None
+    eviction = keyed[("eviction", "eviction vase", "vase", "Qwen3-8B B16 C4160")]
+    assert eviction.per_step_s == pytest.approx(2e-6)
+    assert report.relative_percent(index, eviction) == pytest.approx(2.0)
+
+    text = report.render(rows, None, 0.05, [])
+    prefill_line = next(line for line in text.splitlines() if "| Qwen3-8B B1 T8192 | vase |" in line)
+    cells = [cell.strip() for cell in prefill_line.strip("|").split("|")]
+    assert cells[2:] == ["vase", "1.00 ms", "80.0 µs", "964.0 µs – 1.04 ms", "400.0", "50.0 %",
+                         "1.10x", "absent", "absent", "—"]  # fmt: skip
+    assert "0.00x" not in text and "| 0.0 |" not in text
+    assert "Smoke run" not in text
+
+
+def test_end_to_end_ratios_per_length(tmp_path):
+    rows = report.load_runs([write_synthetic(tmp_path / "new.json", synthetic_rows())])
+    text = report.render(rows, None, 0.05, [])
+    ratio_line = next(line for line in text.splitlines() if line.startswith("| vase-2048 | hf-dynamic |"))
+    assert [cell.strip() for cell in ratio_line.strip("|").split("|")][2:] == ["1.25x", "2.50x", "1,024 tokens"]
+    static_line = next(line for line in text.splitlines() if line.startswith("| vase-2048 | hf-static |"))
+    assert [cell.strip() for cell in static_line.strip("|").split("|")][2:] == ["absent", "absent", "not within the run"]
+    growth_line = next(line for line in text.splitlines() if line.startswith("| hf-dynamic | 10.00 ms"))
+    assert growth_line.rstrip("| ").endswith("2.00x")
+
+
+def test_comparison_flags_a_slowed_row_and_passes_an_unchanged_one(tmp_path, capsys):
+    old = write_synthetic(tmp_path / "old.json", synthetic_rows())
+    same = write_synthetic(tmp_path / "same.json", synthetic_rows())
+    slower = write_synthetic(tmp_path / "slower.json", synthetic_rows(decode_slowdown=1.10))
+    within = write_synthetic(tmp_path / "within.json", synthetic_rows(decode_slowdown=1.04))
+
+    assert report.main([str(same), "--out", str(tmp_path / "a"), "--compare", str(old)]) == 0
+    assert report.main([str(within), "--out", str(tmp_path / "b"), "--compare", str(old)]) == 0
+    assert report.main([str(slower), "--out", str(tmp_path / "c"), "--compare", str(old)]) == 1
+    assert "regression: NVIDIA H200 / decode / decode attention (one step) / vase" in capsys.readouterr().err
+    assert report.main([str(slower), "--out", str(tmp_path / "d"), "--compare", str(old), "--threshold", "15"]) == 0
+
+    changes = report.compare(report.load_runs([slower]), report.load_runs([old]), 0.05)
+    verdicts = {change.key[1:4]: change.verdict for change in changes}
+    assert verdicts[DECODE + ("vase",)] == "REGRESSION"
+    assert verdicts[PREFILL + ("vase",)] == "unchanged"
+    assert "1 regression(s)." in (tmp_path / "c" / "report.md").read_text()
+
+
+def test_rows_of_another_device_are_not_compared(tmp_path):
+    old = write_synthetic(tmp_path / "old.json", synthetic_rows(), device="NVIDIA H100 80GB HBM3")
+    slower = write_synthetic(tmp_path / "slower.json", synthetic_rows(decode_slowdown=2.0))
+    assert report.main([str(slower), "--out", str(tmp_path / "r"), "--compare", str(old)]) == 0
+    verdicts = {change.verdict for change in report.compare(report.load_runs([slower]), report.load_runs([old]), 0.05)}
+    assert verdicts == {"new", "not in this run"}
+
+
+def test_quantile_interpolates_linearly():
+    assert report.quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.2) == pytest.approx(1.8)
+    assert report.quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.8) == pytest.approx(4.2)
+    assert report.quantile([7.0], 0.8) == 7.0
