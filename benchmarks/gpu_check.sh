@@ -1,30 +1,96 @@
 #!/usr/bin/env bash
-# One short GPU session: the kernel tests on CUDA (compiled kernels vs the float64
-# reference), then the benchmarks at the key shapes, with their report.
+# One short GPU session on one H100/H200 with the packages preinstalled and no network:
+# the CUDA tests (compiled kernels against the float64 reference), then the headline
+# benchmarks, their pytest-benchmark JSON, the markdown report and the plots, all in OUT_DIR.
 #
-#   bash benchmarks/gpu_check.sh [OUT_DIR]     # OUT_DIR defaults to $OUT, else benchmarks/results
+#   bash benchmarks/gpu_check.sh [OUT_DIR]    # default: $OUT, else benchmarks/results/<gpu>-<date>
+#   VASE_BENCH_COMMIT=<commit> bash benchmarks/gpu_check.sh OUT_DIR    # a copy without .git
 #
-# Needs torch, triton, transformers, pytest and pytest-benchmark
-# installed; the repository is used in place (no install, no network).
+# Time budget (seconds; the whole script stays under 8 minutes):
+#   environment                        ~5
+#   CUDA tests                         120  (limit)
+#   attention benchmarks                45  (limit) prefill + decode; roofline measured in the session
+#   eviction benchmarks                 45  (limit) eviction per policy + score modes
+#   end-to-end decoding               ~145  what is left of the first 360 s; each of its three
+#                                           methods decodes for a third of it, less 30 s of
+#                                           compilation and warm-up
+#   report                              20  (limit)
+#   autotuning (not in this script)     60  kept free for an autotuning step before the benchmarks
+#   worst case              360 + 20 + 4 x 10 (interrupt grace) = 420, plus the 60 kept free
+#
+# Each step runs under `timeout -s INT`: pytest, interrupted, still writes the JSON of the
+# rows it finished. A step that fails or is cut short does not stop the next; the exit
+# status is 1 when any step failed. Needs torch, triton, transformers, pytest and
+# pytest-benchmark (matplotlib for the plots); the repository is used in place (no install).
+# `VASE_BENCH_PROFILE=smoke` runs the same steps on a CPU machine: a dry run of this script.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${1:-${OUT:-benchmarks/results}}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 VASE_BENCH_PROFILE=${VASE_BENCH_PROFILE:-gpu}
+python=${PYTHON:-python3}
+start=$(date +%s)
+deadline=$((start + 360))
+grace=10
+
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '-' | sed 's/-$//')
+out="${1:-${OUT:-benchmarks/results/${gpu:-gpu}-$(date -u +%Y-%m-%d)}}"
 mkdir -p "$out"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+status=0
+
+# run_step NAME LIMIT_SECONDS COMMAND...: at most LIMIT seconds and never past the deadline.
+run_step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((deadline - $(date +%s)))
+  ((limit > left)) && limit=$left
+  if ((limit < 10)); then
+    echo "== $name: skipped, no time left" | tee -a "$out/steps.txt"
+    status=1
+    return
+  fi
+  echo "== $name (limit ${limit}s)"
+  local began=$(date +%s)
+  timeout -s INT -k "$grace" "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc after $(($(date +%s) - began))s" | tee -a "$out/steps.txt"
+  tail -n 5 "$out/$name.log"
+  ((rc != 0)) && status=1
+}
 
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c "import sys, torch, triton, transformers; print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__, '| transformers', transformers.__version__)"
-} | tee "$out/gpu_environment.txt"
+  echo "commit: ${VASE_BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
+  $python -c "import sys, torch, triton, transformers; print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__, '| transformers', transformers.__version__)"
+} > "$out/environment.txt" 2>&1
+cat "$out/environment.txt"
 
-status=0
-timeout 300 python3 -m pytest -q -x \
-  tests/test_prefill_attention.py tests/test_decode_attention.py tests/test_attention_compile.py \
-  tests/test_cache_append.py tests/test_eviction_kernel.py tests/test_sampling.py \
-  tests/test_cache_layer.py tests/test_cache_static_memory.py tests/test_integration_qwen3.py \
-  2>&1 | tee "$out/gpu_tests.log" || status=1
+run_step tests 120 $python -m pytest -q -p no:cacheprovider -rfEs \
+  tests/test_prefill_attention.py tests/test_decode_attention.py tests/test_candidate_attention.py \
+  tests/test_attention_compile.py tests/test_cache_append.py tests/test_eviction_kernel.py tests/test_sampling.py \
+  tests/test_cache_layer.py tests/test_observation_window.py tests/test_cache_static_memory.py \
+  tests/test_integration_qwen3.py
 
-timeout 240 python3 -m pytest -q benchmarks 2>&1 | tee "$out/gpu_benchmarks.log" || status=1
-find benchmarks/results -name '*.md' -newer "$out/gpu_environment.txt" -exec cp {} "$out/" \; 2>/dev/null
+run_step attention 45 $python -m pytest -q -p no:cacheprovider \
+  benchmarks/bench_prefill.py benchmarks/bench_decode.py --benchmark-json "$out/attention.json"
+
+run_step eviction 45 $python -m pytest -q -p no:cacheprovider \
+  benchmarks/bench_eviction.py benchmarks/bench_score_modes.py --benchmark-json "$out/eviction.json"
+
+# End to end: each of the three methods decodes for a third of the time left, less 30 s
+# of model set-up, compilation and warm-up per method.
+left=$((deadline - $(date +%s)))
+export VASE_BENCH_DECODE_SECONDS=$(((left - 90) / 3 > 10 ? (left - 90) / 3 : 10))
+run_step end_to_end "$left" $python -m pytest -q -p no:cacheprovider \
+  benchmarks/bench_end_to_end.py --benchmark-json "$out/end_to_end.json"
+
+deadline=$(($(date +%s) + 20))
+results=$(ls "$out"/*.json 2>/dev/null)
+if [[ -n "$results" ]]; then
+  # shellcheck disable=SC2086
+  run_step report 20 $python -m benchmarks.report $results --out "$out"
+else
+  echo "== report: no benchmark JSON was written" | tee -a "$out/steps.txt"
+  status=1
+fi
+echo "total: $(($(date +%s) - start))s; results in $out"
 exit "$status"
