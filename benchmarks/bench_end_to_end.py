@@ -87,8 +87,8 @@ def test_decode_vs_length(benchmark, device, monkeypatch, model, method):
     timing.record_samples(benchmark, trace.step_seconds, record)
     assert trace.time_limited or trace.generated == SETTING.new_tokens
     kv_bytes = [point.kv_bytes for point in trace.points]
-    assert len(kv_bytes) >= 1
+    assert kv_bytes, "the run ended before its first checkpoint"
     if method.cache == "dynamic":
-        assert kv_bytes == sorted(kv_bytes) and kv_bytes[0] < kv_bytes[-1] or len(kv_bytes) == 1
+        assert all(a < b for a, b in zip(kv_bytes, kv_bytes[1:])), f"a dynamic cache grows; got {kv_bytes}"
     else:
-        assert len(set(kv_bytes)) == 1, f"{method.name}: the cache should not grow; got {kv_bytes}"
+        assert len(set(kv_bytes)) == 1, f"{method.name}: a static cache does not grow; got {kv_bytes}"
