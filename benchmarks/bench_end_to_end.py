@@ -37,7 +37,7 @@ SETTING, METHODS = profiles.pick({
         [HF_DYNAMIC, HF_STATIC, vase_method(32)],
     ),
     "gpu": (
-        DecodeSetting(QWEN3["Qwen3-8B"], 2, batch=16, prompt_tokens=256, new_tokens=16384,
+        DecodeSetting(QWEN3["Qwen3-8B"], 4, batch=16, prompt_tokens=256, new_tokens=16384,
                       checkpoints=GENERATED_LENGTHS[:5], time_limit_s=45.0),
         [vase_method(2048), HF_DYNAMIC, HF_STATIC],
     ),

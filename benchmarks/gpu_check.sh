@@ -9,9 +9,9 @@
 # Time budget (seconds; the whole script stays under 8 minutes):
 #   environment                        ~5
 #   CUDA tests                         120  (limit)
-#   attention benchmarks                45  (limit) prefill + decode; roofline measured in the session
-#   eviction benchmarks                 45  (limit) eviction per policy + score modes
-#   end-to-end decoding               ~145  what is left of the first 360 s; each of its three
+#   attention benchmarks                60  (limit) prefill + decode; roofline measured in the session
+#   eviction benchmarks                 50  (limit) eviction per policy + score modes
+#   end-to-end decoding               ~125  what is left of the first 360 s; each of its three
 #                                           methods decodes for a third of it, less 30 s of
 #                                           compilation and warm-up
 #   report                              20  (limit)
@@ -70,10 +70,10 @@ run_step tests 120 $python -m pytest -q -p no:cacheprovider -rfEs \
   tests/test_cache_layer.py tests/test_observation_window.py tests/test_cache_static_memory.py \
   tests/test_integration_qwen3.py
 
-run_step attention 45 $python -m pytest -q -p no:cacheprovider \
+run_step attention 60 $python -m pytest -q -p no:cacheprovider \
   benchmarks/bench_prefill.py benchmarks/bench_decode.py --benchmark-json "$out/attention.json"
 
-run_step eviction 45 $python -m pytest -q -p no:cacheprovider \
+run_step eviction 50 $python -m pytest -q -p no:cacheprovider \
   benchmarks/bench_eviction.py benchmarks/bench_score_modes.py --benchmark-json "$out/eviction.json"
 
 # End to end: each of the three methods decodes for a third of the time left, less 30 s

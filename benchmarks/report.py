@@ -296,6 +296,7 @@ def kernel_section(suite: str, rows: Sequence[Row], index: RowIndex) -> list[str
     relative = next((row.record.relative_to for row in rows if row.record.relative_to), None)
     kernels = list(dict.fromkeys(row.record.kernel for row in rows))
     header = ["run"] + (["kernel"] if len(kernels) > 1 else []) + ["shape", "provider", "median", "IQR", "p20–p80"]
+    header += ["samples"]
     header += (["TFLOP/s"] if with_flops else []) + (["GB/s"] if with_bytes else [])
     header += ["% of roofline"] if (with_flops or with_bytes) else []
     header += [f"vs {provider}" for provider in alternatives]
@@ -308,7 +309,7 @@ def kernel_section(suite: str, rows: Sequence[Row], index: RowIndex) -> list[str
         record = row.record
         cells = [row.run.id] + ([record.kernel] if len(kernels) > 1 else []) + [record.shape, record.provider]
         spread = ABSENT if row.p20_s is None else f"{format_time(row.p20_s)} – {format_time(row.p80_s)}"
-        cells += [format_time(row.median_s), format_time(row.iqr_s), spread]
+        cells += [format_time(row.median_s), format_time(row.iqr_s), spread, str(row.rounds)]
         if with_flops:
             cells.append(format_number(row.tflops) if record.flops else NOT_APPLICABLE)
         if with_bytes:
@@ -511,7 +512,10 @@ def plot_curves(rows: Sequence[Row], directory: Path) -> list[str]:
             xs = [point.generated for point in row.record.curve]
             ys = [value(point) for point in row.record.curve]
             axis.plot(xs, ys, marker="o", label=f"{row.record.provider} ({row.run.id}, {row.record.shape})")
+        lengths = sorted({point.generated for row in curve_rows for point in row.record.curve})
         axis.set_xscale("log", base=2)
+        axis.set_xticks(lengths, [f"{length / 1024:g}k" if length >= 1024 else str(length) for length in lengths])
+        axis.minorticks_off()
         axis.set_xlabel("generated tokens")
         axis.set_ylabel(label)
         axis.grid(True, alpha=0.3)

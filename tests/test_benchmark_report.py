@@ -120,7 +120,7 @@ def test_speedups_and_absent_baselines(tmp_path):
     text = report.render(rows, None, 0.05, [])
     prefill_line = next(line for line in text.splitlines() if "| Qwen3-8B B1 T8192 | vase |" in line)
     cells = [cell.strip() for cell in prefill_line.strip("|").split("|")]
-    assert cells[2:] == ["vase", "1.00 ms", "80.0 µs", "964.0 µs – 1.04 ms", "400.0", "50.0 %",
+    assert cells[2:] == ["vase", "1.00 ms", "80.0 µs", "964.0 µs – 1.04 ms", "5", "400.0", "50.0 %",
                          "1.10x", "absent", "absent", "—"]  # fmt: skip
     assert "0.00x" not in text and "| 0.0 |" not in text
     assert "Smoke run" not in text
