@@ -68,7 +68,7 @@ run_step tests 120 $python -m pytest -q -p no:cacheprovider -rfEs \
   tests/test_prefill_attention.py tests/test_decode_attention.py tests/test_candidate_attention.py \
   tests/test_attention_compile.py tests/test_cache_append.py tests/test_eviction_kernel.py tests/test_sampling.py \
   tests/test_cache_layer.py tests/test_observation_window.py tests/test_cache_static_memory.py \
-  tests/test_integration_qwen3.py
+  tests/test_integration_qwen3.py tests/test_call_paths.py
 
 run_step attention 60 $python -m pytest -q -p no:cacheprovider \
   benchmarks/bench_prefill.py benchmarks/bench_decode.py --benchmark-json "$out/attention.json"
