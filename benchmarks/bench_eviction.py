@@ -14,7 +14,6 @@ traffic only (`CacheShape.eviction_bytes`).
 from __future__ import annotations
 
 import pytest
-import torch
 
 from benchmarks import profiles, timing
 from benchmarks.cache_layers import prefilled_layer

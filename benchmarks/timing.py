@@ -127,14 +127,20 @@ class Roofline:
 
 def measure_roofline(device: torch.device) -> Roofline:
     """Measure the copy bandwidth and the dense bf16 matmul rate of `device` (CUDA)."""
+    return Roofline(copy_gbs=_copy_gbs(device), matmul_tflops=_matmul_tflops(device))
+
+
+def _copy_gbs(device: torch.device) -> float:
     source = torch.empty(ROOFLINE_COPY_ELEMENTS, dtype=torch.bfloat16, device=device)
     destination = torch.empty_like(source)
-    copy_s = statistics.median(device_samples(lambda: destination.copy_(source)))
-    copy_gbs = 2 * source.numel() * source.element_size() / copy_s / 1e9
-    del source, destination
+    seconds = statistics.median(device_samples(lambda: destination.copy_(source)))
+    return 2 * source.numel() * source.element_size() / seconds / 1e9
+
+
+def _matmul_tflops(device: torch.device) -> float:
     n = ROOFLINE_MATMUL_SIZE
     a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
     b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
     product = torch.empty(n, n, dtype=torch.bfloat16, device=device)
-    matmul_s = statistics.median(device_samples(lambda: torch.matmul(a, b, out=product)))
-    return Roofline(copy_gbs=copy_gbs, matmul_tflops=2.0 * n**3 / matmul_s / 1e12)
+    seconds = statistics.median(device_samples(lambda: torch.matmul(a, b, out=product)))
+    return 2.0 * n**3 / seconds / 1e12
