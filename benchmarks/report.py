@@ -415,16 +415,19 @@ def paper_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
                           row.run.id)  # fmt: skip
         ours = details.get("tokens_per_s")
         theirs = None if base is None else base.record.details.get("tokens_per_s")
-        vs_full = ours / theirs if ours and theirs and row.record.provider != FULL_CACHE_BASELINE else None
+        is_baseline = row.record.provider == FULL_CACHE_BASELINE
+        vs_full = ours / theirs if ours and theirs and not is_baseline else None
         body.append([
-            row.run.id, row.record.shape, row.record.provider, format_number(ours), format_bytes(details.get("peak_bytes")),
+            row.run.id, f"{row.record.shape} · {details.get('generated', 0):,} new tokens", row.record.provider,
+            format_number(ours), format_bytes(details.get("peak_bytes")),
             format_bytes(details.get("kv_bytes")),
-            NOT_APPLICABLE if row.record.provider == FULL_CACHE_BASELINE else format_speedup(vs_full),
+            NOT_APPLICABLE if is_baseline else format_speedup(vs_full),
             format_number(paper), format_number(details.get("paper_peak_gb")),
-            format_speedup(paper / paper_base) if paper and paper_base and paper is not paper_base else NOT_APPLICABLE,
+            format_speedup(paper / paper_base) if paper and paper_base and not is_baseline else NOT_APPLICABLE,
         ])  # fmt: skip
     lines = ["## the paper's throughput protocol", ""]
-    lines += ["Batch 16, 256 prompt tokens, 16,384 new tokens, greedy, decode time only; weights: "
+    lines += ["The paper's setting is batch 16, 256 prompt tokens, 16,384 new tokens, greedy, decode time "
+              "only, Qwen3-14B on one GPU; its figures are shown next to runs of that setting. Weights: "
               f"{rows[0].record.details.get('weights', ABSENT)}.", ""]  # fmt: skip
     return lines + _table(header, body, right_from=3)
 
