@@ -23,6 +23,18 @@ def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _grouped_matmul(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """`q [B, Hq, M, X] @ kv [B, Hkv, X, Y]` with query head `h` using KV head `h // (Hq / Hkv)`: `[B, Hq, M, Y]`.
+
+    The query heads of a group are stacked along `M`, so the keys/values are never copied
+    per query head.
+    """
+    batch, q_heads, rows, inner = q.shape
+    kv_heads = kv.shape[1]
+    grouped = q.reshape(batch, kv_heads, (q_heads // kv_heads) * rows, inner)
+    return torch.matmul(grouped, kv).view(batch, q_heads, rows, kv.shape[-1])
+
+
 def masked_logits(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -44,12 +56,11 @@ def masked_logits(
     Returns:
         `[B, Hq, Tq, Tk]` in float32 (float64 for float64 inputs).
     """
-    batch, q_heads, q_len, head_dim = q.shape
-    kv_heads, k_len = k.shape[1], k.shape[2]
+    batch, _, q_len, head_dim = q.shape
+    k_len = k.shape[2]
     acc = _accumulation_dtype(q.dtype)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    keys = k.to(acc).repeat_interleave(q_heads // kv_heads, dim=1)
-    logits = torch.matmul(q.to(acc), keys.transpose(-1, -2)) * scale  # [B, Hq, Tq, Tk]
+    logits = _grouped_matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * scale  # [B, Hq, Tq, Tk]
 
     if kv_lens is None:
         lens = torch.full((batch,), k_len, dtype=torch.long, device=q.device)
@@ -112,8 +123,7 @@ def prefill_attention(
     kv_heads, k_len = k.shape[1], k.shape[2]
     logits = masked_logits(q, k, scale=scale, causal=causal, kv_lens=kv_lens)
     probs = _softmax_or_zero(logits)
-    values = v.to(probs.dtype).repeat_interleave(q_heads // kv_heads, dim=1)
-    out = torch.matmul(probs, values).to(q.dtype)
+    out = _grouped_matmul(probs, v.to(probs.dtype)).to(q.dtype)
     lse = torch.logsumexp(logits, dim=-1).to(torch.float32)
 
     scores = None
@@ -148,8 +158,7 @@ def decode_attention(
     batch, q_heads = q.shape[0], q.shape[1]
     kv_heads, capacity = k_cache.shape[1], k_cache.shape[2]
     probs = attention_probabilities(q, k_cache, scale=scale, causal=False, kv_lens=cache_lens)
-    values = v_cache.to(probs.dtype).repeat_interleave(q_heads // kv_heads, dim=1)
-    out = torch.matmul(probs, values).to(q.dtype)
+    out = _grouped_matmul(probs, v_cache.to(probs.dtype)).to(q.dtype)
     if scores is not None:
         step = probs[:, :, 0, :].view(batch, kv_heads, q_heads // kv_heads, capacity).sum(dim=2)
         scores.add_(step.to(scores.dtype))
