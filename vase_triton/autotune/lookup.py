@@ -155,13 +155,15 @@ def _tune_online(kernel: str, shape: tuple, device: torch.device, view: StoreVie
     from vase_triton.autotune.tuner import tune
 
     _log.info("vase_triton autotune: tuning %s for %s on first use", kernel, shape)
+    # Tuning must never break the launch that asked for it (an unwritable store, memory
+    # exhausted by the tuning inputs, ...): any failure leaves this key to the heuristic.
     try:
         result = tune(kernel, shape, device, view.user_file)
-    except OSError as error:
+    except Exception as error:
         store.warn_once(
-            ("online", str(view.user_file.path)),
-            f"vase_triton autotune: cannot store tuned configurations in {view.user_file.path} ({error}); "
-            "using heuristics",
+            ("online", kernel, str(view.user_file.path), type(error).__name__),
+            f"vase_triton autotune: online tuning of {kernel} failed ({type(error).__name__}: {error}); "
+            "using the heuristic",
         )
         return None
     if result.entry is None:
