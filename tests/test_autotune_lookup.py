@@ -314,6 +314,7 @@ def test_cuda_graph_replays_the_stored_config_and_online_mode_stores_a_new_key(s
     assert (out.double() - ref).abs().max().item() < 5e-3
 
     monkeypatch.setenv("VASE_AUTOTUNE", "online")
+    lookup.reset()
     cache = CacheTensors.empty(2, 2, 16, 64, dtype=torch.float16, device=device)
     new = torch.randn(2, 2, 1, 64, generator=gen).to(device, torch.float16)
     vase_triton.ops.append_(cache, new, new, value_stat="range")

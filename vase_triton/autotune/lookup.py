@@ -3,10 +3,11 @@
 `tuned_params(kernel, shape, device)` returns the stored parameters for a launch (the
 entry of the shape's key, else the nearest stored bucket within `MAX_DISTANCE` octaves),
 or None, and the launcher then uses its heuristic. The answer is memoised per (kernel,
-shape, device, mode, directory): after the first launch of a shape a lookup is one
-dictionary access, with no file I/O, no device query and no synchronisation, so it is
+shape, device): after the first launch of a shape a lookup is one dictionary access,
+with no file I/O, no environment read, no device query and no synchronisation, so it is
 safe on the decode hot path, under `torch.compile` (the ops are opaque custom ops) and
-during CUDA graph capture. Stored files are read once per process and device.
+during CUDA graph capture. `VASE_AUTOTUNE` and `VASE_AUTOTUNE_DIR` are read at the first
+launch and stored files once per process and device; `reset()` forgets all of it.
 
 In `online` mode a key without an entry is tuned on first use (on a CUDA device, outside
 graph capture and compilation) and stored. No failure here ever breaks a launch: an
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -32,6 +32,7 @@ MAX_DISTANCE = 3.0
 
 _log = logging.getLogger(__name__)
 _memo: dict[tuple, Optional[dict]] = {}
+_MISSING = object()
 _views: dict[tuple, "StoreView"] = {}
 
 
@@ -94,40 +95,60 @@ class StoreView:
         self._entries(kernel, source_hash)[key] = (shapes.parse_key(key), entry, "user")
 
 
-def store_view(profile: DeviceProfile, directory: Optional[Path] = None) -> StoreView:
-    """The (memoised) view of `profile`'s stored entries in `directory` (default: `VASE_AUTOTUNE_DIR`)."""
-    directory = Path(directory) if directory is not None else settings.store_directory()
+def store_view(profile: DeviceProfile, directory: Path) -> StoreView:
+    """The (memoised) view of `profile`'s stored entries in `directory` and the packaged configurations."""
     cache_key = (profile, str(directory), str(settings.PACKAGED_DIRECTORY))
     if cache_key not in _views:
         _views[cache_key] = StoreView(profile, directory)
     return _views[cache_key]
 
 
+class _Settings(NamedTuple):
+    mode: str
+    directory: Path
+
+
+_settings: Optional[_Settings] = None
+
+
+def _read_settings() -> _Settings:
+    global _settings
+    _settings = _Settings(settings.autotune_mode(), settings.store_directory())
+    return _settings
+
+
 def reset() -> None:
-    """Forget memoised answers and loaded files (after the store or the environment changed)."""
+    """Forget memoised answers, loaded files and the environment settings (read again at the next launch).
+
+    Call it after changing `VASE_AUTOTUNE` or `VASE_AUTOTUNE_DIR`, or the stored files, in a running process.
+    """
+    global _settings
+    _settings = None
     _memo.clear()
     _views.clear()
 
 
 def tuned_params(kernel: str, shape: tuple, device: torch.device) -> Optional[dict]:
     """Stored parameters of `kernel` for a launch of `shape` on `device`, or None (use the heuristic)."""
-    mode = settings.autotune_mode()
-    if mode == "off" or (device.type != "cuda" and not (device.type == "cpu" and interpreter_enabled())):
+    current = _settings or _read_settings()
+    if current.mode == "off":
         return None
-    memo_key = (kernel, shape, device.type, device.index, mode, os.environ.get("VASE_AUTOTUNE_DIR"))
-    if memo_key in _memo:
-        return _memo[memo_key]
-    params = _resolve(kernel, shape, device, mode)
-    _memo[memo_key] = params
+    memo_key = (kernel, shape, device.type, device.index)
+    params = _memo.get(memo_key, _MISSING)
+    if params is _MISSING:
+        params = _resolve(kernel, shape, device, current)
+        _memo[memo_key] = params
     return params
 
 
-def _resolve(kernel: str, shape: tuple, device: torch.device, mode: str) -> Optional[dict]:
+def _resolve(kernel: str, shape: tuple, device: torch.device, current: _Settings) -> Optional[dict]:
     from vase_triton.autotune.spaces import SPACES
 
+    if device.type != "cuda" and not (device.type == "cpu" and interpreter_enabled()):
+        return None
     space = SPACES[kernel]
     profile = profile_for(device)
-    view = store_view(profile)
+    view = store_view(profile, current.directory)
     key, source_hash = space.key(shape), space.source_hash()
     found = view.find(kernel, key, source_hash)
     if found is not None:
@@ -140,7 +161,7 @@ def _resolve(kernel: str, shape: tuple, device: torch.device, mode: str) -> Opti
             f"is invalid or does not fit {profile.name} at {key}; using the heuristic",
         )
         return None
-    if mode == "online" and _can_tune_now(device):
+    if current.mode == "online" and _can_tune_now(device):
         return _tune_online(kernel, shape, device, view)
     return None
 
