@@ -12,8 +12,9 @@ import pytest
 from vase_triton.autotune import store, tuner
 from vase_triton.autotune.device import profile_for
 from vase_triton.autotune.problems import build_problem
-from vase_triton.autotune.shapes import AppendShape, DecodeShape
+from vase_triton.autotune.shapes import AppendShape, DecodeShape, EvictShape, PrefillShape, ScoresShape
 from vase_triton.autotune.spaces import SPACES
+from vase_triton.kernels import cache_append, decode_attention, eviction, prefill_attention
 
 APPEND = AppendShape(2, 8, 1, 128, "float32")
 
@@ -155,3 +156,79 @@ def test_a_passed_deadline_starts_no_candidate(store_file, device):
     result = tuner.tune("append", APPEND, device, store_file, timer=lambda launch: 1.0, deadline=0.0)
     assert not result.completed and result.entry is None
     assert store_file.read() is None
+
+
+TINY_SHAPES = {
+    "prefill_forward": PrefillShape(1, 2, 1, 20, 20, 32, "float32", True, True),
+    "prefill_scores": ScoresShape(1, 2, 1, 4, 20, 32, "float32", True),
+    "decode": DecodeShape(2, 2, 1, 40, 32, "float32", True),
+    "decode_combine": DecodeShape(2, 2, 1, 40, 32, "float32", True),
+    "append": AppendShape(2, 2, 3, 32, "float32"),
+    "evict_select": EvictShape(2, 2, 40, 24, 6, 32, "float32"),
+    "evict_select_tiled": EvictShape(1, 2, 40, 24, 6, 32, "float32"),
+    "evict_compact": EvictShape(2, 2, 40, 24, 6, 32, "float32"),
+}
+
+
+def _corrupt_lse(args, kwargs):
+    args[5].view(-1)[0] += 1.0
+
+
+def _corrupt_scores(args, kwargs):
+    args[4].view(-1)[0] += 1.0
+
+
+def _corrupt_decode_output(args, kwargs):
+    kwargs["out"].view(-1)[0] += 1.0
+
+
+def _corrupt_lengths(args, kwargs):
+    args[0].lengths[0] += 1
+
+
+def _corrupt_sources(args, kwargs):
+    sources = args[2]
+    sources[0, 0] = sources[0, 1]
+
+
+def _corrupt_positions(args, kwargs):
+    args[0].positions.view(-1)[0] += 1
+
+
+# The launch each problem checks, and how a deliberately wrong configuration spoils its result.
+CORRUPTIONS = {
+    "prefill_forward": (prefill_attention, "launch_forward", _corrupt_lse),
+    "prefill_scores": (prefill_attention, "launch_scores", _corrupt_scores),
+    "decode": (decode_attention, "decode_attention_triton", _corrupt_decode_output),
+    "decode_combine": (decode_attention, "decode_attention_triton", _corrupt_decode_output),
+    "append": (cache_append, "cache_append_triton", _corrupt_lengths),
+    "evict_select": (eviction, "select_survivors_", _corrupt_sources),
+    "evict_select_tiled": (eviction, "select_survivors_", _corrupt_sources),
+    "evict_compact": (eviction, "compact_survivors_", _corrupt_positions),
+}
+
+
+@pytest.mark.parametrize("kernel", list(SPACES))
+def test_every_problem_accepts_the_heuristic_and_rejects_a_wrong_configuration(kernel, device, monkeypatch):
+    shape = TINY_SHAPES[kernel]
+    default, candidates = tuner.candidate_list(kernel, shape, device)
+    wrong = next(params for params in candidates if params != default)
+    partner_kernel = {"decode": "decode_combine", "decode_combine": "decode"}.get(kernel)
+    partner = SPACES[partner_kernel].heuristic(shape, device) if partner_kernel else None
+    problem = build_problem(kernel, shape, device, default, partner)
+    assert problem.check(default) is None
+    assert problem.check(wrong) is None
+
+    module, name, corrupt = CORRUPTIONS[kernel]
+    launch = getattr(module, name)
+
+    def spoiled(*args, **kwargs):
+        result = launch(*args, **kwargs)
+        configs = [value for value in (*args, *kwargs.values()) if hasattr(value, "_asdict")]
+        if any(config._asdict() == wrong for config in configs):
+            corrupt(args, kwargs)
+        return result
+
+    monkeypatch.setattr(module, name, spoiled)
+    assert problem.check(default) is None
+    assert problem.check(wrong) is not None

@@ -37,7 +37,8 @@ _SEED = 0
 
 
 def _random(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, generator, scale: float = 1.0):
-    return (torch.randn(shape, generator=generator) * scale).to(device=device, dtype=dtype)
+    """Standard normal values drawn on `device` (large inputs are never generated on the host)."""
+    return (torch.randn(shape, generator=generator, device=device) * scale).to(dtype)
 
 
 def _checked_batches(batch: int) -> list[int]:
@@ -72,7 +73,7 @@ class Problem(abc.ABC):
         self.shape = shape
         self.device = device
         self.default = default
-        self.generator = torch.Generator().manual_seed(_SEED)
+        self.generator = torch.Generator(device=device).manual_seed(_SEED)
 
     @abc.abstractmethod
     def launcher(self, params: dict) -> Callable[[], None]:
@@ -243,8 +244,8 @@ class DecodeProblem(_ToleranceProblem):
             lengths[-1] = shape.capacity // 2 + 1
         self.lengths = lengths.to(device)
         self.out = torch.empty_like(self.q)
-        self.initial_scores = torch.rand((shape.batch, shape.kv_heads, shape.capacity), generator=self.generator)
-        self.initial_scores = self.initial_scores.to(device)
+        scores_shape = (shape.batch, shape.kv_heads, shape.capacity)
+        self.initial_scores = torch.rand(scores_shape, generator=self.generator, device=device)
         self.scores = self.initial_scores.clone() if shape.scores else None
         self.scale = shape.head_dim**-0.5
         added = torch.zeros((shape.batch, shape.kv_heads, shape.capacity), dtype=torch.float64, device=device)
@@ -350,13 +351,13 @@ class EvictProblem(Problem):
         keys = _random(rows + (shape.head_dim,), dtype, device, self.generator)
         values = _random(rows + (shape.head_dim,), dtype, device, self.generator)
         # Magnitudes on a coarse grid, so protection breaks ties; some importance exactly 0.
-        magnitudes = ((torch.rand(rows, generator=self.generator) * 64).round() / 8).to(device)
-        importance = torch.rand(rows, generator=self.generator) * (torch.rand(rows, generator=self.generator) > 0.05)
-        self.importance = importance.to(device)
+        uniform = dict(generator=self.generator, device=device)
+        magnitudes = (torch.rand(rows, **uniform) * 64).round() / 8
+        self.importance = torch.rand(rows, **uniform) * (torch.rand(rows, **uniform) > 0.05)
         positions = (torch.arange(slots, dtype=torch.int32) * 2 + 5).expand(rows).contiguous().to(device)
         lengths = torch.full((batch,), slots, dtype=torch.int32, device=device)
         self.initial = CacheTensors(
-            keys, values, torch.rand(rows, generator=self.generator).to(device), magnitudes, positions, lengths,
+            keys, values, torch.rand(rows, **uniform), magnitudes, positions, lengths,
             lengths.clone(),
         )  # fmt: skip
         self.cache = CacheTensors(*(buffer.clone() for buffer in self.initial))
