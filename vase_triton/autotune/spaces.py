@@ -3,12 +3,15 @@
 Each space declares a small grid of block sizes, warps, pipeline stages (and, for decode,
 split counts), drops what a shape cannot use (tiles larger than the rows or keys there
 are, threads with nothing to do) and what the device cannot hold. Resources are
-estimated from the tile sizes, with the formulas calibrated on the sm_90 compile audit
-(`benchmarks/compile_audit.py`): shared memory is the pipelined operand tiles; registers
+estimated from the tile sizes: shared memory is the pipelined operand tiles; registers
 per thread are a base plus the live fp32 values (and packed 16-bit operands) per thread,
 and must stay within 255 and within the registers a block of that many warps may hold.
-The tuner also skips any candidate that fails to compile or to launch, so an estimate
-only saves compilations.
+The formulas were calibrated by compiling every candidate at the Qwen3-8B shapes for
+sm_90a with `ptxas` (the method of `benchmarks/compile_audit.py`): the shared-memory
+estimates match exactly for the prefill kernels and within 64 bytes per key slot for
+decode; register estimates are within about 15% or err on the high side. The tuner
+skips any candidate that fails to compile or to launch, so an estimate only saves
+compilations.
 
 `KernelSpace.fits` is also what a lookup checks before it uses a stored configuration
 for a launch, so a configuration borrowed from a nearby bucket never exceeds the device.
@@ -163,11 +166,16 @@ class PrefillForwardSpace(KernelSpace):
                         yield dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
 
     def estimate(self, params: dict, shape: PrefillShape) -> Resources:
-        element, dim, threads = _ELEMENT_BYTES[shape.dtype], shape.head_dim, _threads(params)
+        element, dim = _ELEMENT_BYTES[shape.dtype], shape.head_dim
         block_m, block_n = params["block_m"], params["block_n"]
         operands = 2 if shape.values else 1  # keys (and values) pipelined per stage
         shared = (params["num_stages"] * operands * block_n * dim + block_m * dim) * element
-        live = (block_m * dim + 2 * block_m * block_n) / threads + block_m * dim * element / (4 * threads)
+        # A 16-bit tl.dot runs on tensor cores, 16 rows per warp: warps beyond BLOCK_M / 16 do not
+        # share the [BLOCK_M, *] tiles (an fp32 one runs on all threads).
+        warps = params["num_warps"] if element == 4 else min(params["num_warps"], max(1, block_m // 16))
+        threads = 32 * warps
+        accumulator = block_m * dim if shape.values else 0
+        live = (accumulator + 2 * block_m * block_n) / threads + block_m * dim * element / (4 * threads)
         return Resources(shared, int(30 + live))
 
 
@@ -233,8 +241,11 @@ class DecodeSpace(KernelSpace):
         element, dim, threads = _ELEMENT_BYTES[shape.dtype], shape.head_dim, _threads(params)
         block_n = params["block_n"]
         group_rows = max(16, _pow2(shape.q_heads // shape.kv_heads))
-        shared = params["num_stages"] * 2 * block_n * dim * element + group_rows * dim * element
-        live = (group_rows * dim + 2 * group_rows * block_n) / threads + 2 * block_n * dim * element / (4 * threads)
+        # Keys and values of all stages but the one in use, the queries, and per-slot scratch.
+        stages = max(1, params["num_stages"] - 1)
+        shared = stages * 2 * block_n * dim * element + group_rows * dim * element + 64 * block_n
+        logits = (3 if shape.scores else 2) * group_rows * block_n
+        live = (group_rows * dim + logits) / threads + 2 * block_n * dim * element / (4 * threads)
         return Resources(shared, int(30 + live))
 
 
@@ -243,7 +254,7 @@ class DecodeCombineSpace(KernelSpace):
     module = "vase_triton.kernels.decode_attention"
     description = "decode reduction: warps and [BLOCK_N] score blocks (timed with the split-K stage)"
     BLOCK_N = (64, 128, 256)
-    WARPS = (1, 2, 4, 8)
+    WARPS = (2, 4, 8)
 
     config_type = CombineConfig
 
@@ -347,7 +358,7 @@ class EvictSelectTiledSpace(KernelSpace):
                     yield dict(block_n=block_n, num_warps=num_warps)
 
     def estimate(self, params: dict, shape: EvictShape) -> Resources:
-        return Resources(0, int(40 + 6 * params["block_n"] / _threads(params)))
+        return Resources(0, int(30 + 7.5 * params["block_n"] / _threads(params)))
 
 
 class EvictCompactSpace(KernelSpace):
