@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
+from vase_triton.autotune.command import add_autotune_command
 from vase_triton.commands.common import CommandError, OneLineErrorParser
 from vase_triton.commands.generate import add_generate_command
 
@@ -18,6 +19,7 @@ def build_parser() -> OneLineErrorParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
     commands.required = True
     add_generate_command(commands)
+    add_autotune_command(commands)
     return parser
 
 

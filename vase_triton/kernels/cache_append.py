@@ -13,10 +13,14 @@ launcher advances them after the kernel. A sequence whose cache would overflow
 
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 import torch
 import triton
 import triton.language as tl
 
+from vase_triton.autotune.lookup import tuned_params
+from vase_triton.autotune.shapes import AppendShape, dtype_name
 from vase_triton.backend import interpreter_enabled
 from vase_triton.cache_tensors import CacheTensors
 from vase_triton.config import VALUE_STATS
@@ -112,23 +116,45 @@ def _cache_append_kernel(
         tl.store(next_positions_ptr + batch, tl.where(fits, next_position + new_len, next_position))
 
 
-def _append_tiles(num_heads: int, new_len: int, head_dim: int) -> tuple[int, int, int]:
-    """(BLOCK_H, BLOCK_T, BLOCK_D): all heads of one token per tile when decoding, token blocks otherwise."""
-    block_d = triton.next_power_of_2(head_dim)
+class AppendConfig(NamedTuple):
+    """Append launch: `[BLOCK_H, BLOCK_T]` (head, token) pairs per tile of `next_power_of_2(D)` dims, and warps."""
+
+    block_h: int
+    block_t: int
+    num_warps: int
+
+
+def append_heuristic(shape: AppendShape) -> AppendConfig:
+    """All heads of one token per tile when decoding, token blocks otherwise, 4 warps."""
+    block_d = triton.next_power_of_2(shape.head_dim)
     pairs = max(1, (_INTERPRETER_MAX_TILE if interpreter_enabled() else _MAX_TILE) // block_d)  # (head, token) pairs
-    block_h = max(1, min(triton.next_power_of_2(num_heads), pairs))
-    block_t = max(1, min(triton.next_power_of_2(new_len), pairs // block_h))
-    return block_h, block_t, block_d
+    block_h = max(1, min(triton.next_power_of_2(shape.kv_heads), pairs))
+    block_t = max(1, min(triton.next_power_of_2(shape.new_len), pairs // block_h))
+    return AppendConfig(block_h, block_t, 4)
 
 
-def cache_append_triton(cache: CacheTensors, new_keys: torch.Tensor, new_values: torch.Tensor, value_stat: str) -> None:
-    """Launch the append kernel on a validated cache (`[B, Hkv, N, D]`) and `[B, Hkv, T_new, D]` new tokens."""
+def cache_append_triton(
+    cache: CacheTensors,
+    new_keys: torch.Tensor,
+    new_values: torch.Tensor,
+    value_stat: str,
+    *,
+    config: Optional[AppendConfig] = None,
+) -> None:
+    """Launch the append kernel on a validated cache (`[B, Hkv, N, D]`) and `[B, Hkv, T_new, D]` new tokens.
+
+    `config`: launch parameters; None picks the tuned configuration of this shape, else the heuristic.
+    """
     keys, values, _, magnitudes, positions, lengths, next_positions = cache
     batch, num_heads, capacity, head_dim = keys.shape
     new_len = new_keys.shape[2]
     if batch == 0 or new_len == 0:
         return
-    block_h, block_t, block_d = _append_tiles(num_heads, new_len, head_dim)
+    if config is None:
+        shape = AppendShape(batch, num_heads, new_len, head_dim, dtype_name(keys.dtype))
+        tuned = tuned_params("append", shape, keys.device)
+        config = AppendConfig(**tuned) if tuned is not None else append_heuristic(shape)
+    block_t = config.block_t
     token_blocks = triton.cdiv(new_len, block_t)
     _cache_append_kernel[(batch, token_blocks)](
         keys, values, magnitudes, positions, lengths, next_positions, new_keys, new_values,
@@ -138,9 +164,10 @@ def cache_append_triton(cache: CacheTensors, new_keys: torch.Tensor, new_values:
         STAT=VALUE_STATS.index(value_stat),
         ACC_FP64=keys.dtype == torch.float64,
         UPDATE_COUNTERS=token_blocks == 1,
-        BLOCK_H=block_h,
+        BLOCK_H=config.block_h,
         BLOCK_T=block_t,
-        BLOCK_D=block_d,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        num_warps=config.num_warps,
     )  # fmt: skip
     if token_blocks > 1:
         step = torch.where(lengths + new_len <= capacity, new_len, 0).to(lengths.dtype)

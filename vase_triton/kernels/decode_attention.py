@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from vase_triton.autotune.lookup import tuned_params
+from vase_triton.autotune.shapes import DecodeShape, dtype_name
 from vase_triton.backend import interpreter_enabled
 from vase_triton.kernels.online_softmax import online_softmax_step
 
@@ -209,21 +211,37 @@ def _decode_combine_kernel(
             tl.store(scores_row + cols, previous + tl.sum(p, axis=0), mask=col_valid)
 
 
-class _Config(NamedTuple):
+class _Tiles(NamedTuple):
     block_n: int
     num_warps: int
     num_stages: int
 
 
-def _decode_config(head_dim: int, dtype: torch.dtype) -> _Config:
+class DecodeConfig(NamedTuple):
+    """Split-K stage launch: `[BLOCK_N]` key blocks, warps, pipeline stages, splits per (sequence, KV head)."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+    num_splits: int
+
+
+class CombineConfig(NamedTuple):
+    """Combine stage launch: `[BLOCK_N]` slots per score block, and warps."""
+
+    block_n: int
+    num_warps: int
+
+
+def _decode_config(head_dim: int, dtype: torch.dtype) -> _Tiles:
     """Key-block size, warps and pipeline stages of the split-K kernel."""
     if interpreter_enabled():
-        return _Config(128, 4, 1)
+        return _Tiles(128, 4, 1)
     if dtype == torch.float32:
-        return _Config(32, 4, 2)
+        return _Tiles(32, 4, 2)
     if head_dim <= 128:
-        return _Config(64, 4, 3)
-    return _Config(32, 4, 3)
+        return _Tiles(64, 4, 3)
+    return _Tiles(32, 4, 3)
 
 
 @functools.lru_cache(maxsize=None)
@@ -241,6 +259,18 @@ def _num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, device: 
     return max(1, min(triton.cdiv(target, batch * kv_heads), key_blocks, _MAX_SPLITS))
 
 
+def decode_heuristic(shape: DecodeShape, device: torch.device) -> DecodeConfig:
+    """The split-K launch chosen without tuning: tiles by head dim and dtype, splits by SM count."""
+    tiles = _decode_config(shape.head_dim, getattr(torch, shape.dtype))
+    splits = _num_splits(shape.batch, shape.kv_heads, shape.capacity, tiles.block_n, device)
+    return DecodeConfig(*tiles, splits)
+
+
+def combine_heuristic(shape: DecodeShape) -> CombineConfig:
+    """The combine launch chosen without tuning: 4 warps, score blocks of 64 slots (128 interpreted)."""
+    return CombineConfig(128 if interpreter_enabled() else 64, 4)
+
+
 class DecodeWorkspace(NamedTuple):
     """Scratch of one decode call, reusable across steps of the same shape.
 
@@ -254,29 +284,44 @@ class DecodeWorkspace(NamedTuple):
 
 
 def _split_plan(
-    batch: int, kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-    num_splits: Optional[int],
-) -> tuple[_Config, int, int]:
-    """Kernel config, slots per split (`chunk`) and the number of non-empty splits."""
-    cfg = _decode_config(head_dim, dtype)
-    if num_splits is None:
-        num_splits = _num_splits(batch, kv_heads, capacity, cfg.block_n, device)
-    elif not isinstance(num_splits, int) or num_splits < 1:
-        raise ValueError(f"num_splits: expected a positive int or None; got {num_splits!r}")
-    chunk = cfg.block_n * triton.cdiv(triton.cdiv(capacity, cfg.block_n), num_splits)
-    return cfg, chunk, triton.cdiv(capacity, chunk)
+    shape: DecodeShape, device: torch.device, num_splits: Optional[int], config: Optional[DecodeConfig]
+) -> tuple[DecodeConfig, int, int]:
+    """Split-K config (given, tuned or heuristic), slots per split (`chunk`) and the non-empty splits."""
+    cfg = config
+    if cfg is None:
+        tuned = tuned_params("decode", shape, device)
+        cfg = DecodeConfig(**tuned) if tuned is not None else decode_heuristic(shape, device)
+    if num_splits is not None:
+        if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 1:
+            raise ValueError(f"num_splits: expected a positive int or None; got {num_splits!r}")
+        cfg = cfg._replace(num_splits=num_splits)
+    chunk = cfg.block_n * triton.cdiv(triton.cdiv(shape.capacity, cfg.block_n), cfg.num_splits)
+    return cfg, chunk, triton.cdiv(shape.capacity, chunk)
+
+
+def _decode_shape(q_heads: int, k_cache: torch.Tensor, dtype: torch.dtype, emit_scores: bool) -> DecodeShape:
+    batch, kv_heads, capacity, head_dim = k_cache.shape
+    return DecodeShape(batch, q_heads, kv_heads, max(capacity, 1), head_dim, dtype_name(dtype), emit_scores)
 
 
 def decode_workspace(
-    q_heads: int, k_cache: torch.Tensor, dtype: torch.dtype, *, emit_scores: bool, num_splits: Optional[int] = None
+    q_heads: int,
+    k_cache: torch.Tensor,
+    dtype: torch.dtype,
+    *,
+    emit_scores: bool,
+    num_splits: Optional[int] = None,
+    config: Optional[DecodeConfig] = None,
 ) -> DecodeWorkspace:
     """Allocate the scratch `decode_attention_triton` needs for queries of `q_heads` heads in `dtype`.
 
     Args:
         k_cache: `[B, Hkv, C, D]`, the cache the workspace will serve.
+        num_splits, config: as the same arguments of `decode_attention_triton`.
     """
-    batch, kv_heads, capacity, head_dim = k_cache.shape
-    _, _, splits = _split_plan(batch, kv_heads, max(capacity, 1), head_dim, dtype, k_cache.device, num_splits)
+    batch, _, capacity, head_dim = k_cache.shape
+    shape = _decode_shape(q_heads, k_cache, dtype, emit_scores)
+    _, _, splits = _split_plan(shape, k_cache.device, num_splits, config)
     f32 = dict(dtype=torch.float32, device=k_cache.device)
     return DecodeWorkspace(
         torch.empty((batch, q_heads, splits, head_dim), **f32),
@@ -296,6 +341,8 @@ def decode_attention_triton(
     out: Optional[torch.Tensor] = None,
     num_splits: Optional[int] = None,
     workspace: Optional[DecodeWorkspace] = None,
+    config: Optional[DecodeConfig] = None,
+    combine_config: Optional[CombineConfig] = None,
 ) -> torch.Tensor:
     """Launch split-K decode attention; optionally add this step's probabilities into `scores`.
 
@@ -307,7 +354,10 @@ def decode_attention_triton(
         scores: `[B, Hkv, C]` float32 contiguous or None; updated in place on valid slots.
         out: optional preallocated `[B, Hq, 1, D]` output in `q.dtype`.
         num_splits: force the number of key splits per (sequence, KV head).
-        workspace: scratch from `decode_workspace` for this shape, used instead of allocating.
+        workspace: scratch from `decode_workspace` for this shape (same `num_splits` and
+            `config`), used instead of allocating.
+        config, combine_config: launch parameters of the two stages; None picks the tuned
+            configuration of this shape, else the heuristic.
 
     Returns:
         `[B, Hq, 1, D]` in `q.dtype`.
@@ -330,20 +380,24 @@ def decode_attention_triton(
     if capacity == 0:
         return out.zero_()
 
-    cfg, chunk, num_splits = _split_plan(batch, kv_heads, capacity, head_dim, q.dtype, q.device, num_splits)
     emit = scores is not None
+    shape = _decode_shape(q_heads, k_cache, q.dtype, emit)
+    cfg, chunk, num_splits = _split_plan(shape, q.device, num_splits, config)
+    if combine_config is None:
+        tuned = tuned_params("decode_combine", shape, q.device)
+        combine_config = CombineConfig(**tuned) if tuned is not None else combine_heuristic(shape)
     if workspace is None:
-        workspace = decode_workspace(q_heads, k_cache, q.dtype, emit_scores=emit, num_splits=num_splits)
+        workspace = decode_workspace(q_heads, k_cache, q.dtype, emit_scores=emit, num_splits=num_splits, config=cfg)
     part_out, part_lse, logits = workspace
     expected = (
         (batch, q_heads, num_splits, head_dim),
         (batch, q_heads, num_splits),
         (batch, q_heads, capacity if emit else logits.shape[2]),
     )
-    for name, tensor, shape in zip(DecodeWorkspace._fields, workspace, expected):
-        if tuple(tensor.shape) != shape or tensor.dtype != torch.float32 or not tensor.is_contiguous():
+    for name, tensor, expected_shape in zip(DecodeWorkspace._fields, workspace, expected):
+        if tuple(tensor.shape) != expected_shape or tensor.dtype != torch.float32 or not tensor.is_contiguous():
             raise ValueError(
-                f"workspace.{name}: expected a contiguous float32 tensor of shape {list(shape)} "
+                f"workspace.{name}: expected a contiguous float32 tensor of shape {list(expected_shape)} "
                 f"(from decode_workspace for this call); got {tensor.dtype} {list(tensor.shape)}"
             )
     scores_arg = scores if emit else logits
@@ -365,7 +419,7 @@ def decode_attention_triton(
         q_heads, kv_heads, group, capacity, chunk, num_splits,
         out.stride(0), out.stride(1), scores_arg.stride(0), scores_arg.stride(1),
         HEAD_DIM=head_dim, BLOCK_G=block_g, BLOCK_S=triton.next_power_of_2(num_splits),
-        BLOCK_N=cfg.block_n, EMIT_SCORES=emit,
-        num_warps=4, num_stages=1,
+        BLOCK_N=combine_config.block_n, EMIT_SCORES=emit,
+        num_warps=combine_config.num_warps, num_stages=1,
     )  # fmt: skip
     return out

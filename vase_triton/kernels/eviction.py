@@ -30,12 +30,14 @@ the second launch without racing with the heads that still read it.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional, Union
 
 import torch
 import triton
 import triton.language as tl
 
+from vase_triton.autotune.lookup import tuned_params
+from vase_triton.autotune.shapes import EvictShape, dtype_name
 from vase_triton.backend import interpreter_enabled
 from vase_triton.cache_tensors import CacheTensors
 from vase_triton.config import MIN_TEMPERATURE
@@ -414,26 +416,169 @@ def _evict_compact_kernel(
         tl.store(lengths_ptr + batch, new_length, mask=owner & (head == 0))
 
 
-def _select_launch(num_rows: int, num_slots: int) -> tuple[int, int, int]:
-    """(BLOCK_R, BLOCK_N, num_warps) of the in-register selection kernel."""
-    block_n = triton.next_power_of_2(num_slots)
-    if interpreter_enabled():
-        block_r = max(1, min(triton.next_power_of_2(num_rows), _INTERPRETER_TILE // block_n))
-        return block_r, block_n, 4
-    block_r = max(1, min(triton.next_power_of_2(num_rows), 2048 // block_n))
-    num_warps = min(32, max(4, block_r * block_n // _SELECT_ELEMENTS_PER_WARP))
-    return block_r, block_n, num_warps
+class SelectConfig(NamedTuple):
+    """In-register selection launch: `BLOCK_R` whole rows (of `next_power_of_2(N)` slots) per program, warps."""
+
+    block_r: int
+    num_warps: int
 
 
-def _compact_launch(num_rows: int, budget: int, head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_R, BLOCK_M, BLOCK_D, num_warps) of the compaction kernel."""
-    block_d = triton.next_power_of_2(head_dim)
+class TiledSelectConfig(NamedTuple):
+    """Tiled selection launch: one row per program walked in `[BLOCK_N]` tiles, and warps."""
+
+    block_n: int
+    num_warps: int
+
+
+class CompactConfig(NamedTuple):
+    """Compaction launch: `[BLOCK_R, BLOCK_M, BLOCK_D]` tiles (rows, destination slots, dims), and warps."""
+
+    block_r: int
+    block_m: int
+    block_d: int
+    num_warps: int
+
+
+def uses_tiled_selection(num_slots: int) -> bool:
+    """Whether rows of `num_slots` slots take the tiled selection kernel (too long to hold in registers)."""
+    return num_slots > _MAX_RESIDENT_SLOTS
+
+
+def select_heuristic(shape: EvictShape) -> SelectConfig:
+    """Rows per program and warps of the in-register selection (`_SELECT_ELEMENTS_PER_WARP` per warp)."""
+    rows = shape.batch * shape.kv_heads
+    block_n = triton.next_power_of_2(shape.num_slots)
     if interpreter_enabled():
-        block_m = min(triton.next_power_of_2(budget), 4096)
-        block_r = max(1, min(triton.next_power_of_2(num_rows), _INTERPRETER_TILE * 16 // (block_m * block_d)))
-        return block_r, block_m, block_d, 4
+        return SelectConfig(max(1, min(triton.next_power_of_2(rows), _INTERPRETER_TILE // block_n)), 4)
+    block_r = max(1, min(triton.next_power_of_2(rows), 2048 // block_n))
+    return SelectConfig(block_r, min(32, max(4, block_r * block_n // _SELECT_ELEMENTS_PER_WARP)))
+
+
+def tiled_select_heuristic(shape: EvictShape) -> TiledSelectConfig:
+    """`_TILED_BLOCK_N`-slot tiles, 8 warps."""
+    return TiledSelectConfig(_TILED_BLOCK_N, 8)
+
+
+def compact_heuristic(shape: EvictShape) -> CompactConfig:
+    """One row per program on GPU ([128, 64] key and value tiles); many rows under the interpreter."""
+    block_d = triton.next_power_of_2(shape.head_dim)
+    if interpreter_enabled():
+        block_m = min(triton.next_power_of_2(shape.budget), 4096)
+        rows = shape.batch * shape.kv_heads
+        block_r = max(1, min(triton.next_power_of_2(rows), _INTERPRETER_TILE * 16 // (block_m * block_d)))
+        return CompactConfig(block_r, block_m, block_d, 4)
     # [128, 64] tiles of keys and values in flight per program, 2 programs per row at D=128.
-    return 1, 128, min(block_d, 64), 8
+    return CompactConfig(1, 128, min(block_d, 64), 8)
+
+
+def _evict_shape(cache: CacheTensors, budget: int, window: int) -> EvictShape:
+    batch, num_heads, num_slots, head_dim = cache.keys.shape
+    return EvictShape(batch, num_heads, num_slots, budget, window, head_dim, dtype_name(cache.keys.dtype))
+
+
+def select_survivors_(
+    cache: CacheTensors,
+    importance: torch.Tensor,
+    sources: torch.Tensor,
+    flags: torch.Tensor,
+    *,
+    budget: int,
+    window: int,
+    n_sink: int,
+    n_protect: int,
+    temperature: float,
+    seed: int,
+    trigger_length: int,
+    noise: Optional[torch.Tensor],
+    config: Union[SelectConfig, TiledSelectConfig, None] = None,
+) -> None:
+    """Selection launch: write each row's survivor slots into `sources` and its eviction flag into `flags`.
+
+    Args:
+        cache: validated `[B, Hkv, N, D]` buffers (only lengths and magnitudes are read).
+        importance: `[B, Hkv, N]` float32; noise: `[B, Hkv, N]` float32 uniforms or None (philox).
+        sources: `[B * Hkv, budget]` int32; flags: `[B * Hkv]` int8; both written.
+        config: a `SelectConfig` (in-register kernel) or a `TiledSelectConfig` (tiled kernel);
+            None takes the kernel rows of `N` slots need, tuned for this shape or heuristic.
+        Other arguments as `vase_triton.ops.evict_`.
+    """
+    keys, magnitudes, lengths = cache.keys, cache.magnitudes, cache.lengths
+    batch, num_heads, num_slots, _ = keys.shape
+    num_rows = batch * num_heads
+    if config is None:
+        shape = _evict_shape(cache, budget, window)
+        if uses_tiled_selection(num_slots):
+            tuned = tuned_params("evict_select_tiled", shape, keys.device)
+            config = TiledSelectConfig(**tuned) if tuned is not None else tiled_select_heuristic(shape)
+        else:
+            tuned = tuned_params("evict_select", shape, keys.device)
+            config = SelectConfig(**tuned) if tuned is not None else select_heuristic(shape)
+    stochastic = temperature >= MIN_TEMPERATURE
+    noise_arg = noise if noise is not None else importance
+    n_large = max(0, n_protect - n_sink)
+    shared = (
+        budget, window, n_sink, n_large, trigger_length, (1.0 / temperature) if stochastic else 1.0, seed,
+        importance.stride(0), importance.stride(1), importance.stride(2),
+        magnitudes.stride(0), magnitudes.stride(1), magnitudes.stride(2),
+        noise_arg.stride(0), noise_arg.stride(1), noise_arg.stride(2),
+    )
+
+    if isinstance(config, SelectConfig):
+        _evict_select_kernel[(triton.cdiv(num_rows, config.block_r),)](
+            importance, magnitudes, noise_arg, lengths, sources, flags,
+            num_rows, num_heads, num_slots, *shared,
+            STOCHASTIC=stochastic, HAS_NOISE=noise is not None, BLOCK_R=config.block_r,
+            BLOCK_N=triton.next_power_of_2(num_slots), num_warps=config.num_warps,
+        )  # fmt: skip
+    else:
+        bits = torch.empty((num_rows, num_slots), dtype=torch.int32, device=keys.device)
+        state = torch.empty((num_rows, num_slots), dtype=torch.int8, device=keys.device)
+        _evict_select_tiled_kernel[(num_rows,)](
+            importance, magnitudes, noise_arg, lengths, sources, flags, bits, state,
+            num_heads, num_slots, *shared,
+            STOCHASTIC=stochastic, HAS_NOISE=noise is not None, BLOCK_N=config.block_n,
+            num_warps=config.num_warps,
+        )  # fmt: skip
+
+
+def compact_survivors_(
+    cache: CacheTensors,
+    sources: torch.Tensor,
+    flags: torch.Tensor,
+    *,
+    budget: int,
+    window: int,
+    keep_scores: bool,
+    config: Optional[CompactConfig] = None,
+) -> None:
+    """Compaction launch: move each flagged row's survivors (`sources`) to slots `[0, budget)`, in place.
+
+    Also moves (or, without `keep_scores`, resets) the scores. `config`: launch parameters;
+    None picks the tuned configuration of this shape, else the heuristic.
+    """
+    keys, values, scores, magnitudes, positions, lengths, _ = cache
+    batch, num_heads, num_slots, head_dim = keys.shape
+    num_rows = batch * num_heads
+    if config is None:
+        shape = _evict_shape(cache, budget, window)
+        tuned = tuned_params("evict_compact", shape, keys.device)
+        config = CompactConfig(**tuned) if tuned is not None else compact_heuristic(shape)
+    _evict_compact_kernel[(triton.cdiv(num_rows, config.block_r), triton.cdiv(head_dim, config.block_d))](
+        keys, values, scores, magnitudes, positions, lengths, sources, flags,
+        num_rows, num_heads, num_slots, head_dim, budget,
+        keys.stride(0), keys.stride(1), keys.stride(2), keys.stride(3),
+        values.stride(0), values.stride(1), values.stride(2), values.stride(3),
+        scores.stride(0), scores.stride(1), scores.stride(2),
+        magnitudes.stride(0), magnitudes.stride(1), magnitudes.stride(2),
+        positions.stride(0), positions.stride(1), positions.stride(2),
+        KEEP_SCORES=keep_scores,
+        BLOCK_R=config.block_r,
+        BLOCK_M=config.block_m,
+        BLOCK_D=config.block_d,
+        num_warps=config.num_warps,
+    )
+    if not keep_scores:
+        scores.zero_()
 
 
 def evict_triton(
@@ -454,56 +599,15 @@ def evict_triton(
 
     Arguments as `vase_triton.ops.evict_`.
     """
-    keys, values, scores, magnitudes, positions, lengths, _ = cache
-    batch, num_heads, num_slots, head_dim = keys.shape
+    batch, num_heads = cache.keys.shape[:2]
     num_rows = batch * num_heads
     if num_rows == 0:
         return
-    device = keys.device
+    device = cache.keys.device
     sources = torch.empty((num_rows, budget), dtype=torch.int32, device=device)
     flags = torch.empty((num_rows,), dtype=torch.int8, device=device)
-    stochastic = temperature >= MIN_TEMPERATURE
-    noise_arg = noise if noise is not None else importance
-    n_large = max(0, n_protect - n_sink)
-    shared = (
-        budget, window, n_sink, n_large, trigger_length, (1.0 / temperature) if stochastic else 1.0, seed,
-        importance.stride(0), importance.stride(1), importance.stride(2),
-        magnitudes.stride(0), magnitudes.stride(1), magnitudes.stride(2),
-        noise_arg.stride(0), noise_arg.stride(1), noise_arg.stride(2),
+    select_survivors_(
+        cache, importance, sources, flags, budget=budget, window=window, n_sink=n_sink, n_protect=n_protect,
+        temperature=temperature, seed=seed, trigger_length=trigger_length, noise=noise,
     )
-
-    if num_slots <= _MAX_RESIDENT_SLOTS:
-        block_r, block_n, select_warps = _select_launch(num_rows, num_slots)
-        _evict_select_kernel[(triton.cdiv(num_rows, block_r),)](
-            importance, magnitudes, noise_arg, lengths, sources, flags,
-            num_rows, num_heads, num_slots, *shared,
-            STOCHASTIC=stochastic, HAS_NOISE=noise is not None, BLOCK_R=block_r, BLOCK_N=block_n,
-            num_warps=select_warps,
-        )  # fmt: skip
-    else:
-        bits = torch.empty((num_rows, num_slots), dtype=torch.int32, device=device)
-        state = torch.empty((num_rows, num_slots), dtype=torch.int8, device=device)
-        _evict_select_tiled_kernel[(num_rows,)](
-            importance, magnitudes, noise_arg, lengths, sources, flags, bits, state,
-            num_heads, num_slots, *shared,
-            STOCHASTIC=stochastic, HAS_NOISE=noise is not None, BLOCK_N=_TILED_BLOCK_N,
-            num_warps=8,
-        )  # fmt: skip
-
-    block_r, block_m, block_d, compact_warps = _compact_launch(num_rows, budget, head_dim)
-    _evict_compact_kernel[(triton.cdiv(num_rows, block_r), triton.cdiv(head_dim, block_d))](
-        keys, values, scores, magnitudes, positions, lengths, sources, flags,
-        num_rows, num_heads, num_slots, head_dim, budget,
-        keys.stride(0), keys.stride(1), keys.stride(2), keys.stride(3),
-        values.stride(0), values.stride(1), values.stride(2), values.stride(3),
-        scores.stride(0), scores.stride(1), scores.stride(2),
-        magnitudes.stride(0), magnitudes.stride(1), magnitudes.stride(2),
-        positions.stride(0), positions.stride(1), positions.stride(2),
-        KEEP_SCORES=keep_scores,
-        BLOCK_R=block_r,
-        BLOCK_M=block_m,
-        BLOCK_D=block_d,
-        num_warps=compact_warps,
-    )
-    if not keep_scores:
-        scores.zero_()
+    compact_survivors_(cache, sources, flags, budget=budget, window=window, keep_scores=keep_scores)

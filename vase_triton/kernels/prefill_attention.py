@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from vase_triton.autotune.lookup import tuned_params
+from vase_triton.autotune.shapes import PrefillShape, ScoresShape, dtype_name
 from vase_triton.backend import interpreter_enabled
 from vase_triton.kernels.online_softmax import online_logsumexp_step, online_softmax_step
 
@@ -269,7 +271,9 @@ def _prefill_scores_kernel(
     tl.store(scores_ptr + batch * stride_sb + kv_head * stride_sh + cols * stride_st, total, mask=cols < k_len)
 
 
-class _Config(NamedTuple):
+class TileConfig(NamedTuple):
+    """Launch parameters of a prefill kernel: `[BLOCK_M, BLOCK_N]` tiles, warps and pipeline stages."""
+
     block_m: int
     block_n: int
     num_warps: int
@@ -281,28 +285,33 @@ def _interpreter_block_m(rows: int) -> int:
     return min(128, max(16, triton.next_power_of_2(rows)))
 
 
-def _forward_config(head_dim: int, dtype: torch.dtype, q_len: int) -> _Config:
-    """Tile sizes of the forward kernel for a head dim and dtype."""
+def forward_heuristic(shape: PrefillShape) -> TileConfig:
+    """Tiles of the forward kernel by head dim and dtype (interpreter: row blocks sized to the rows)."""
     if interpreter_enabled():
-        return _Config(_interpreter_block_m(q_len), 128, 4, 1)
-    if dtype == torch.float32:
-        return _Config(64, 32, 4, 2) if head_dim <= 128 else _Config(32, 32, 4, 1)
-    if head_dim <= 64:
-        return _Config(128, 64, 4, 3)
-    if head_dim <= 128:
-        return _Config(128, 64, 8, 3)
-    return _Config(64, 32, 4, 2)
+        return TileConfig(_interpreter_block_m(shape.q_len), 128, 4, 1)
+    if shape.dtype == "float32":
+        return TileConfig(64, 32, 4, 2) if shape.head_dim <= 128 else TileConfig(32, 32, 4, 1)
+    if shape.head_dim <= 64:
+        return TileConfig(128, 64, 4, 3)
+    if shape.head_dim <= 128:
+        return TileConfig(128, 64, 8, 3)
+    return TileConfig(64, 32, 4, 2)
 
 
-def _scores_config(head_dim: int, dtype: torch.dtype, rows: int) -> _Config:
-    """Tile sizes of the scores kernel (`rows` = group x window queries, by key columns)."""
+def scores_heuristic(shape: ScoresShape) -> TileConfig:
+    """Tiles of the scores kernel (rows = group x window queries, by key columns)."""
     if interpreter_enabled():
-        return _Config(_interpreter_block_m(rows), 256, 4, 1)
-    if dtype == torch.float32:
-        return _Config(32, 64, 4, 2)
-    if head_dim <= 128:
-        return _Config(64, 128, 8, 3)
-    return _Config(64, 64, 8, 2)
+        return TileConfig(_interpreter_block_m(shape.window * (shape.q_heads // shape.kv_heads)), 256, 4, 1)
+    if shape.dtype == "float32":
+        return TileConfig(32, 64, 4, 2)
+    if shape.head_dim <= 128:
+        return TileConfig(64, 128, 8, 3)
+    return TileConfig(64, 64, 8, 2)
+
+
+def _tuned_or_heuristic(kernel: str, shape, device: torch.device, heuristic) -> TileConfig:
+    tuned = tuned_params(kernel, shape, device)
+    return TileConfig(**tuned) if tuned is not None else heuristic(shape)
 
 
 def _dot_settings(dtype: torch.dtype) -> tuple[bool, str]:
@@ -326,11 +335,21 @@ def _check_buffer(name: str, buffer: torch.Tensor, shape: tuple[int, ...], dtype
         raise ValueError(f"{name}: expected last-dim stride 1; got strides {buffer.stride()}")
 
 
-def _launch_forward(q, k, v, lens, out, lse, scale: float, causal: bool, write_out: bool) -> None:
-    """Forward kernel over `[B, Hq, Tq, D]` queries: `lse` always, `out` when `write_out`."""
+def launch_forward(
+    q, k, v, lens, out, lse, scale: float, causal: bool, write_out: bool, config: Optional[TileConfig] = None
+) -> None:
+    """Forward kernel over `[B, Hq, Tq, D]` queries: `lse` always, `out` when `write_out`.
+
+    `config`: launch parameters; None picks the tuned configuration of this shape, else the heuristic.
+    """
     batch, q_heads, q_len, head_dim = q.shape
     upcast, precision = _dot_settings(q.dtype)
-    cfg = _forward_config(head_dim, q.dtype, q_len)
+    cfg = config
+    if cfg is None:
+        shape = PrefillShape(
+            batch, q_heads, k.shape[1], q_len, k.shape[2], head_dim, dtype_name(q.dtype), causal, write_out
+        )
+        cfg = _tuned_or_heuristic("prefill_forward", shape, q.device, forward_heuristic)
     _prefill_forward_kernel[(triton.cdiv(q_len, cfg.block_m), batch * q_heads)](
         q, k, v, lens if lens is not None else q, out, lse,
         q_heads, q_len, k.shape[2], q_heads // k.shape[1], float(scale) * _LOG2E,
@@ -345,13 +364,21 @@ def _launch_forward(q, k, v, lens, out, lse, scale: float, causal: bool, write_o
     )  # fmt: skip
 
 
-def _launch_scores(q, k, lse, lens, scores, scale: float, causal: bool, window: int) -> None:
-    """Scores kernel: the probability mass of the last `window` queries of `q`, per key, into `scores`."""
+def launch_scores(
+    q, k, lse, lens, scores, scale: float, causal: bool, window: int, config: Optional[TileConfig] = None
+) -> None:
+    """Scores kernel: the probability mass of the last `window` queries of `q`, per key, into `scores`.
+
+    `config`: launch parameters; None picks the tuned configuration of this shape, else the heuristic.
+    """
     batch, q_heads, q_len, head_dim = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
     group = q_heads // kv_heads
     upcast, precision = _dot_settings(q.dtype)
-    cfg = _scores_config(head_dim, q.dtype, group * window)
+    cfg = config
+    if cfg is None:
+        shape = ScoresShape(batch, q_heads, kv_heads, window, k_len, head_dim, dtype_name(q.dtype), causal)
+        cfg = _tuned_or_heuristic("prefill_scores", shape, q.device, scores_heuristic)
     _prefill_scores_kernel[(triton.cdiv(k_len, cfg.block_n), batch * kv_heads)](
         q, k, lse, lens if lens is not None else q, scores,
         kv_heads, q_len, k_len, group, window, float(scale) * _LOG2E,
@@ -409,9 +436,9 @@ def prefill_attention_triton(
         return out, lse, scores
 
     lens = kv_lens.contiguous() if kv_lens is not None else None
-    _launch_forward(q, k, v, lens, out, lse, scale, causal, write_out=True)
+    launch_forward(q, k, v, lens, out, lse, scale, causal, write_out=True)
     if score_window > 0:
-        _launch_scores(q, k, lse, lens, scores, scale, causal, score_window)
+        launch_scores(q, k, lse, lens, scores, scale, causal, score_window)
     return out, lse, scores
 
 
@@ -442,8 +469,8 @@ def candidate_attention_triton(
         return scores
     lens = candidate_lens.contiguous()
     lse = torch.empty((batch, q_heads, window), dtype=torch.float32, device=q.device)
-    _launch_forward(q, k, k, lens, q, lse, scale, causal=False, write_out=False)
+    launch_forward(q, k, k, lens, q, lse, scale, causal=False, write_out=False)
     if q_valid is not None:
         lse.masked_fill_(~q_valid.view(batch, 1, window), float("-inf"))
-    _launch_scores(q, k, lse, lens, scores, scale, causal=False, window=window)
+    launch_scores(q, k, lse, lens, scores, scale, causal=False, window=window)
     return scores.div_(window * (q_heads // kv_heads))

@@ -1,0 +1,205 @@
+"""`vase-triton autotune`: model shapes, --dry-run, the no-GPU refusal, tuning, --show and --clear.
+
+Tuning needs a GPU; here the command's device is swapped for the interpreter and its
+timer for a fake one, so the whole command (tuning, resume, table, store) runs on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from vase_triton.autotune import command, lookup, model_shapes, settings, store, timing
+from vase_triton.autotune.device import DeviceProfile
+from vase_triton.autotune.shapes import AppendShape, DecodeShape
+from vase_triton.cli import main
+
+FAKE_GPU = DeviceProfile("NVIDIA Fake GPU", 8, (9, 0), 227 * 1024)
+QWEN3_8B = {"model_type": "qwen3", "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+            "hidden_size": 4096}  # fmt: skip
+TINY = {"model_type": "qwen3", "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}
+
+
+@pytest.fixture
+def config_path(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN3_8B))
+    return path
+
+
+@pytest.fixture
+def tiny_config_path(tmp_path):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY))
+    return path
+
+
+@pytest.fixture
+def store_dir(tmp_path, monkeypatch):
+    directory = tmp_path / "store"
+    monkeypatch.setenv("VASE_AUTOTUNE_DIR", str(directory))
+    monkeypatch.setattr(settings, "PACKAGED_DIRECTORY", tmp_path / "packaged")
+    lookup.reset()
+    yield directory
+    lookup.reset()
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """The command sees a GPU profile, tunes on the interpreter, and times with a fake timer."""
+    monkeypatch.setattr(command, "current_cuda_profile", lambda: FAKE_GPU)
+    monkeypatch.setattr(command, "_tuning_device", lambda: torch.device("cpu"))
+    calls = []
+
+    def fake_timer(launch) -> float:
+        launch()
+        calls.append(1)
+        return 1.0 / len(calls)
+
+    monkeypatch.setattr(timing, "gpu_median_ms", fake_timer)
+    return calls
+
+
+def test_model_launches_cover_decode_eviction_and_prefill_keys():
+    layout = model_shapes.layout_from_config(QWEN3_8B, "test")
+    launches = model_shapes.tuning_launches(
+        layout, batches=[16], budgets=[4096], prompt_lens=[1024, 32768], dtypes=["bfloat16"], window=64,
+        score_mode="recompute",
+    )  # fmt: skip
+    keys = [f"{kernel} {shape.select_key() if kernel.startswith('evict_select') else shape.key()}" for kernel, shape in launches]
+    assert keys[:4] == [
+        "decode B=16,C=4096,H=32/8,D=128,dtype=bfloat16,scores=0",
+        "decode_combine B=16,C=4096,H=32/8,D=128,dtype=bfloat16,scores=0",
+        "append B=16,T=1,H=8,D=128,dtype=bfloat16",
+        "evict_select B=16,N=4096,H=8",
+    ]
+    assert "prefill_forward B=16,Tq=64,Tk=4096,H=32/8,D=128,dtype=bfloat16,causal=0,values=0" in keys
+    assert "prefill_forward B=16,Tq=32768,Tk=32768,H=32/8,D=128,dtype=bfloat16,causal=1,values=1" in keys
+    assert "evict_select_tiled B=16,N=32768,H=8" in keys
+    assert len(keys) == len(set(keys))
+    assert ("decode", DecodeShape(16, 32, 8, 4160, 128, "bfloat16", False)) in launches
+    emitted = model_shapes.tuning_launches(
+        layout, batches=[1], budgets=[2048], prompt_lens=[4096], dtypes=["float16"], window=64, score_mode="emitted"
+    )
+    assert ("decode", DecodeShape(1, 32, 8, 2112, 128, "float16", True)) in emitted
+    assert any(kernel == "prefill_scores" and shape.causal for kernel, shape in emitted)
+
+
+@pytest.mark.parametrize(
+    "config, fragment",
+    [
+        ({"num_attention_heads": 32, "num_key_value_heads": 5, "head_dim": 128}, "num_key_value_heads dividing"),
+        ({"num_attention_heads": 8, "hidden_size": 8 * 96}, "head_dim in (32, 64, 128, 256); got 96"),
+        ({"num_key_value_heads": 8}, "positive int num_attention_heads"),
+    ],
+    ids=["kv-heads", "head-dim", "heads"],
+)
+def test_unusable_configs_are_refused_naming_the_field(tmp_path, config, fragment, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert main(["autotune", "--config", str(path), "--dry-run"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err and "--config" in err and "Traceback" not in err
+
+
+def test_layout_of_a_model_directory_and_a_multimodal_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {**QWEN3_8B, "head_dim": 64}}))
+    layout = model_shapes.read_layout(model=str(tmp_path))
+    assert (layout.q_heads, layout.kv_heads, layout.head_dim) == (32, 8, 64)
+
+
+def test_dry_run_lists_the_pruned_spaces_without_a_gpu(config_path, capsys):
+    argv = ["autotune", "--config", str(config_path), "--batch", "16", "--budget", "4096", "--prompt-len", "1024",
+            "--kernels", "decode,evict_select", "--dry-run"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "decode B=16,C=4096,H=32/8,D=128,dtype=bfloat16,scores=0:" in out
+    assert "evict_select B=16,N=4096,H=8:" in out and "prefill_forward" not in out
+    assert "block_n=64,num_splits=5,num_stages=3,num_warps=4" in out
+    assert "\n2 keys, " in out
+
+
+def test_tuning_without_a_gpu_is_refused_in_one_line(config_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert main(["autotune", "--config", str(config_path)]) == 1
+    err = capsys.readouterr().err
+    assert err == "vase-triton: error: autotune: no CUDA GPU found (tune needs one); --dry-run lists the search spaces without one\n"
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["autotune", "--dry-run"], "expected --model PATH_OR_ID or --config config.json"),
+        (["autotune", "--config", "missing.json", "--dry-run"], "--config missing.json: cannot read missing.json"),
+        (["autotune", "--config", "c.json", "--budget", "64"], "--budget: expected values > --window = 64; got 64"),
+        (["autotune", "--config", "c.json", "--kernels", "decode,flash"], "argument --kernels: expected a comma-separated"),
+        (["autotune", "--config", "c.json", "--batch", "2,x"], "argument --batch: expected a comma-separated list of positive ints"),
+        (["autotune", "--show", "--clear"], "not allowed with argument"),
+        (["autotune", "--config", "c.json", "--time-limit", "0"], "argument --time-limit: expected a number of seconds > 0"),
+    ],
+    ids=["no-source", "missing-config", "budget", "kernel", "batch", "show-and-clear", "time-limit"],
+)
+def test_bad_arguments_are_one_line_errors(argv, fragment, capsys):
+    try:
+        status = main(argv)
+    except SystemExit as exit_info:  # argument errors exit from the parser
+        status = exit_info.code
+    assert status in (1, 2)
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_tuning_stores_a_table_resumes_and_shows(tiny_config_path, store_dir, fake_gpu, capsys):
+    argv = ["autotune", "--config", str(tiny_config_path), "--batch", "2", "--budget", "128", "--prompt-len", "4",
+            "--dtype", "float32", "--kernels", "append"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "tuning 2 keys on NVIDIA Fake GPU (8 SMs" in out
+    rows = [line for line in out.splitlines() if line.startswith("append ")]
+    assert len(rows) == 2 and all(line.rstrip().endswith("tuned") and "x " in line for line in rows)
+    timed = len(fake_gpu)
+    assert timed > 2
+
+    path = store.StoreFile(store_dir, FAKE_GPU).path
+    document = json.loads(path.read_text())
+    keys = set(document["kernels"]["append"]["entries"])
+    assert keys == {AppendShape(2, 2, 1, 64, "float32").key(), AppendShape(2, 2, 4, 64, "float32").key()}
+
+    assert main(argv) == 0
+    again = capsys.readouterr().out
+    assert len(fake_gpu) == timed, "stored keys are not tuned again"
+    assert [line.rstrip().endswith("stored") for line in again.splitlines() if line.startswith("append ")] == [True] * 2
+
+    assert main(["autotune", "--show"]) == 0
+    shown = capsys.readouterr().out
+    assert f"user file: {path}" in shown and "packaged file:" in shown
+    assert sum(line.startswith("append ") for line in shown.splitlines()) == 2
+
+    assert main(["autotune", "--clear"]) == 0
+    assert f"removed {path}" in capsys.readouterr().out and not path.exists()
+    assert main(["autotune", "--clear"]) == 0
+    assert "nothing stored for NVIDIA Fake GPU (8 SMs)" in capsys.readouterr().out
+    assert main(["autotune", "--show"]) == 0
+    assert "nothing stored" in capsys.readouterr().out
+
+
+def test_a_time_limit_stops_before_the_next_key_and_a_rerun_finishes(tiny_config_path, store_dir, fake_gpu, capsys):
+    argv = ["autotune", "--config", str(tiny_config_path), "--batch", "2", "--budget", "128", "--prompt-len", "4",
+            "--dtype", "float32", "--kernels", "append"]  # fmt: skip
+    assert main(argv + ["--time-limit", "0.000001"]) == 0
+    out = capsys.readouterr().out
+    assert "stopped at --time-limit 1e-06 s before append B=2,T=1," in out and "nothing tuned" in out
+    assert not fake_gpu
+    assert main(argv) == 0
+    finished = capsys.readouterr().out
+    assert "stopped" not in finished and sum(line.startswith("append ") for line in finished.splitlines()) == 2
+
+
+def test_show_and_clear_need_a_gpu(capsys, monkeypatch):
+    monkeypatch.setattr(command, "current_cuda_profile", lambda: None)
+    for action in ("--show", "--clear"):
+        assert main(["autotune", action]) == 1
+        assert capsys.readouterr().err == f"vase-triton: error: autotune: no CUDA GPU found ({action} needs one)\n"

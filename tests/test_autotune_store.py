@@ -1,0 +1,201 @@
+"""The autotune store: keys and buckets, file round trip, nearest lookup, stale and unusable files,
+atomic locked writes under concurrent writers."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import warnings
+
+import pytest
+import torch
+import triton
+
+from vase_triton.autotune import lookup, shapes, store
+from vase_triton.autotune.device import DeviceProfile
+from vase_triton.autotune.shapes import DecodeShape
+
+PROFILE = DeviceProfile("NVIDIA Test GPU", 100, (9, 0), 227 * 1024)
+HASH = "0123456789abcdef"
+
+
+def make_entry(block_n: int, ms: float) -> store.Entry:
+    params = dict(block_n=block_n, num_warps=4, num_stages=3, num_splits=2)
+    default = dict(block_n=64, num_warps=4, num_stages=3, num_splits=2)
+    return store.Entry(
+        store.Timing(params, ms), store.Timing(default, 2 * ms), store.Timing(default, 2 * ms), 12, 1,
+        {"batch": 16},
+    )  # fmt: skip
+
+
+def write_entries(directory, entries: dict[str, store.Entry], source_hash: str = HASH, profile=PROFILE) -> None:
+    def change(document):
+        for key, entry in entries.items():
+            store.put_entry(document, "decode", source_hash, key, entry)
+
+    store.StoreFile(directory, profile).update(change)
+
+
+@pytest.mark.parametrize(
+    "size, expected", [(0, 0), (1, 1), (2, 2), (3, 4), (5, 4), (6, 8), (64, 64), (4160, 4096), (6000, 8192)]
+)
+def test_bucket_is_the_nearest_power_of_two_in_log_space(size, expected):
+    assert shapes.bucket(size) == expected
+
+
+def test_keys_bucket_sizes_and_keep_layout_dtype_and_flags():
+    key = DecodeShape(13, 32, 8, 4160, 128, "bfloat16", False).key()
+    assert key == "B=16,C=4096,H=32/8,D=128,dtype=bfloat16,scores=0"
+    assert DecodeShape(16, 32, 8, 4100, 128, "bfloat16", False).key() == key
+    assert DecodeShape(16, 32, 4, 4160, 128, "bfloat16", False).key() != key
+    assert shapes.parse_key(key)["H"] == "32/8"
+
+
+def test_key_distance_counts_octaves_and_refuses_other_layouts():
+    wanted = shapes.parse_key("B=16,C=4096,H=32/8,D=128,dtype=bfloat16,scores=0")
+    assert shapes.key_distance(wanted, shapes.parse_key("B=4,C=8192,H=32/8,D=128,dtype=bfloat16,scores=0")) == 3
+    for other in ("B=16,C=4096,H=32/4,D=128,dtype=bfloat16,scores=0", "B=16,C=4096,H=32/8,D=128,dtype=float16,scores=0"):
+        assert shapes.key_distance(wanted, shapes.parse_key(other)) == float("inf")
+    with pytest.raises(ValueError, match="key: expected comma-separated name=value"):
+        shapes.parse_key("B=16,C")
+
+
+def test_round_trip_keeps_every_field(tmp_path):
+    entry = make_entry(32, 0.01)
+    write_entries(tmp_path, {"B=16,C=4096": entry})
+    document = store.StoreFile(tmp_path, PROFILE).read()
+    assert document["versions"]["triton"] == triton.__version__
+    assert document["versions"]["torch"] == torch.__version__
+    assert store.entries(document, "decode", HASH) == {"B=16,C=4096": entry}
+    assert store.StoreFile(tmp_path, PROFILE).path.name == f"NVIDIA_Test_GPU-100sm-triton-{triton.__version__}.json"
+
+
+def test_an_entry_replaces_the_trials_of_its_key(tmp_path):
+    file = store.StoreFile(tmp_path, PROFILE)
+    params = dict(block_n=32, num_warps=4, num_stages=3, num_splits=2)
+    file.update(lambda doc: store.put_trial(doc, "decode", HASH, "B=1,C=64", params, {"ms": 0.5}))
+    assert store.trials(file.read(), "decode", HASH, "B=1,C=64") == {store.params_id(params): {"ms": 0.5}}
+    file.update(lambda doc: store.put_entry(doc, "decode", HASH, "B=1,C=64", make_entry(32, 0.5)))
+    assert store.trials(file.read(), "decode", HASH, "B=1,C=64") == {}
+
+
+def test_nearest_bucket_within_the_distance_limit(tmp_path):
+    write_entries(tmp_path, {
+        "B=16,C=4096,H=32/8,D=128,dtype=bfloat16,scores=0": make_entry(32, 0.01),
+        "B=1,C=4096,H=32/8,D=128,dtype=bfloat16,scores=0": make_entry(128, 0.01),
+    })  # fmt: skip
+    view = lookup.StoreView(PROFILE, tmp_path)
+    exact = view.find("decode", "B=16,C=4096,H=32/8,D=128,dtype=bfloat16,scores=0", HASH)
+    assert exact.entry.winner.params["block_n"] == 32 and exact.origin == "user"
+    near = view.find("decode", "B=32,C=2048,H=32/8,D=128,dtype=bfloat16,scores=0", HASH)
+    assert near.key == "B=16,C=4096,H=32/8,D=128,dtype=bfloat16,scores=0"
+    assert view.find("decode", "B=2,C=4096,H=32/8,D=128,dtype=bfloat16,scores=0", HASH).entry.winner.params["block_n"] == 128
+    assert view.find("decode", "B=16,C=65536,H=32/8,D=128,dtype=bfloat16,scores=0", HASH) is None
+    assert view.find("decode", "B=16,C=4096,H=32/8,D=128,dtype=float16,scores=0", HASH) is None
+
+
+def test_user_entries_take_precedence_over_packaged_ones(tmp_path, monkeypatch):
+    packaged, user = tmp_path / "packaged", tmp_path / "user"
+    key = "B=16,C=4096,H=32/8,D=128,dtype=bfloat16,scores=0"
+    other = "B=1,C=256,H=32/8,D=128,dtype=bfloat16,scores=0"
+    write_entries(packaged, {key: make_entry(32, 0.01), other: make_entry(64, 0.02)})
+    write_entries(user, {key: make_entry(128, 0.01)})
+    monkeypatch.setattr(lookup.settings, "PACKAGED_DIRECTORY", packaged)
+    view = lookup.StoreView(PROFILE, user)
+    assert view.find("decode", key, HASH).entry.winner.params["block_n"] == 128
+    assert view.find("decode", key, HASH).origin == "user"
+    assert view.find("decode", other, HASH).origin == "packaged"
+
+
+def test_stale_kernel_source_is_ignored_with_one_warning(tmp_path):
+    key = "B=16,C=4096,H=32/8,D=128,dtype=bfloat16,scores=0"
+    write_entries(tmp_path, {key: make_entry(32, 0.01)}, source_hash="feedfacefeedface")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            assert lookup.StoreView(PROFILE, tmp_path).find("decode", key, HASH) is None
+    assert len(caught) == 1 and "another version of its kernel source" in str(caught[0].message)
+    # Writing for the current source replaces the stale section.
+    write_entries(tmp_path, {"B=1,C=64": make_entry(64, 0.02)})
+    document = store.StoreFile(tmp_path, PROFILE).read()
+    assert list(store.entries(document, "decode", HASH)) == ["B=1,C=64"]
+
+
+def _valid_text(directory) -> str:
+    write_entries(directory, {"B=16,C=4096": make_entry(32, 0.01)})
+    return store.StoreFile(directory, PROFILE).path.read_text()
+
+
+UNUSABLE = {
+    "corrupt": lambda text: "{not json" + text,
+    "truncated": lambda text: text[: len(text) // 2],
+    "empty": lambda text: "",
+    "foreign-schema": lambda text: json.dumps({**json.loads(text), "schema": 99}),
+    "foreign-triton": lambda text: json.dumps({**json.loads(text), "versions": {"triton": "0.0.1"}}),
+    "foreign-device": lambda text: json.dumps({**json.loads(text), "device": {"name": "other", "multiprocessors": 7}}),
+    "bad-entry": lambda text: text.replace('"ms": 0.01', '"ms": "fast"'),
+    "not-an-object": lambda text: "[1, 2]",
+}
+
+
+@pytest.mark.parametrize("damage", list(UNUSABLE), ids=list(UNUSABLE))
+def test_unusable_file_is_ignored_with_one_warning(tmp_path, damage):
+    path = store.StoreFile(tmp_path, PROFILE).path
+    path.write_text(UNUSABLE[damage](_valid_text(tmp_path)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            view = lookup.StoreView(PROFILE, tmp_path)
+            assert view.find("decode", "B=16,C=4096", HASH) is None
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    assert issubclass(caught[0].category, store.AutotuneStoreWarning)
+    assert str(path) in str(caught[0].message)
+    # A writer starts over from an empty document.
+    write_entries(tmp_path, {"B=1,C=64": make_entry(64, 0.02)})
+    assert list(store.entries(store.StoreFile(tmp_path, PROFILE).read(), "decode", HASH)) == ["B=1,C=64"]
+
+
+def test_a_failed_update_leaves_the_file_and_no_temporary(tmp_path):
+    text = _valid_text(tmp_path)
+
+    def fail(document):
+        document["kernels"].clear()
+        raise RuntimeError("interrupted")
+
+    with pytest.raises(RuntimeError, match="interrupted"):
+        store.StoreFile(tmp_path, PROFILE).update(fail)
+    assert store.StoreFile(tmp_path, PROFILE).path.read_text() == text
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_clear_removes_the_file(tmp_path):
+    _valid_text(tmp_path)
+    file = store.StoreFile(tmp_path, PROFILE)
+    assert file.clear() is True
+    assert not file.path.exists() and file.read() is None
+    assert file.clear() is False
+
+
+def _write_many(directory: str, writer: int, count: int) -> None:
+    file = store.StoreFile(directory, PROFILE)
+    for index in range(count):
+        key = f"B={writer},C={index}"
+        params = dict(block_n=32, num_warps=4, num_stages=3, num_splits=index + 1)
+        file.update(lambda doc: store.put_trial(doc, "decode", HASH, key, params, {"ms": 1.0}))
+        file.update(lambda doc: store.put_entry(doc, "decode", HASH, key, make_entry(32, 0.01 * (index + 1))))
+
+
+def test_concurrent_writers_leave_a_valid_file_with_every_entry(tmp_path):
+    writers, count = 4, 12
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    processes = [context.Process(target=_write_many, args=(str(tmp_path), w, count)) for w in range(writers)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=240)
+        assert process.exitcode == 0
+    document = store.StoreFile(tmp_path, PROFILE).read()
+    found = store.entries(document, "decode", HASH)
+    assert set(found) == {f"B={w},C={i}" for w in range(writers) for i in range(count)}
+    assert document["kernels"]["decode"]["trials"] == {}
+    assert not list(tmp_path.glob("*.tmp"))

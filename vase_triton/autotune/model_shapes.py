@@ -1,0 +1,154 @@
+"""The launches a model makes, read from its config: what `vase-triton autotune` tunes.
+
+Only the attention layout is read (query heads, KV heads, head dim; no weights). For each
+dtype, batch size, budget (capacity `C = budget + window`) and prompt length `T`, a
+`vase` cache (4 sinks, `budget // 4` protected) launches:
+
+- every decode step: an append of one token, decode attention over `C` slots (emitting
+  scores with `score_mode="emitted"`);
+- every `window` steps, an eviction of `C` slots, after (`recompute`) the window's
+  attention over the candidates: a forward without values and a scores pass;
+- at prefill: causal attention over the prompt and its append; with `emitted` scores, the
+  window scores of a prompt longer than `budget`; a prompt longer than `C` is compressed
+  at once, with the same recompute passes and an eviction over `T` slots.
+
+Decode-time launches come first, so an interrupted run has tuned what matters most.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Iterable, Mapping, Optional
+
+from vase_triton.autotune.shapes import AppendShape, DecodeShape, EvictShape, PrefillShape, ScoresShape
+from vase_triton.autotune.spaces import SPACES
+from vase_triton.kernels.eviction import uses_tiled_selection
+from vase_triton.validation import SUPPORTED_HEAD_DIMS
+
+# Order of the decode-time launches: the split-K stage before the combine stage tuned with it.
+DECODE_ORDER = (
+    "decode", "decode_combine", "append", "evict_select", "evict_select_tiled", "evict_compact",
+    "prefill_forward", "prefill_scores",
+)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionLayout:
+    """Attention shapes of a model: query heads, KV heads and head dim, and where they were read."""
+
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    source: str
+
+
+def layout_from_config(config: Mapping, source: str) -> AttentionLayout:
+    """The attention layout of a transformers config (its `text_config` for multimodal models).
+
+    Raises ValueError naming the field when one is missing or unusable.
+    """
+    text = config.get("text_config") or config
+    heads = text.get("num_attention_heads")
+    if type(heads) is not int or heads < 1:
+        raise ValueError(f"{source}: expected a positive int num_attention_heads; got {heads!r}")
+    kv_heads = text.get("num_key_value_heads") or heads
+    if type(kv_heads) is not int or kv_heads < 1 or heads % kv_heads:
+        raise ValueError(
+            f"{source}: expected num_key_value_heads dividing num_attention_heads = {heads}; got {kv_heads!r}"
+        )
+    head_dim = text.get("head_dim")
+    if head_dim is None:
+        hidden = text.get("hidden_size")
+        if type(hidden) is not int:
+            raise ValueError(f"{source}: expected head_dim or an int hidden_size; got neither")
+        head_dim = hidden // heads
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"{source}: expected head_dim in {SUPPORTED_HEAD_DIMS}; got {head_dim!r}")
+    return AttentionLayout(heads, kv_heads, head_dim, source)
+
+
+def read_layout(model: Optional[str] = None, config_path: Optional[str] = None) -> AttentionLayout:
+    """The layout of a model: `config_path` (a config.json), a local model directory, or a hub id.
+
+    Raises ValueError with a one-line reason when the config cannot be read.
+    """
+    if config_path is not None:
+        path = Path(config_path)
+        source = f"--config {config_path}"
+    elif model is not None and Path(model).is_dir():
+        path = Path(model) / "config.json"
+        source = f"--model {model}"
+    elif model is not None:
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(model).to_dict()
+        except Exception as error:  # transformers raises many types for a missing or invalid model
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ValueError(f"--model: cannot load the config of {model!r}: {first_line}") from None
+        return layout_from_config(config, f"--model {model}")
+    else:
+        raise ValueError("expected --model PATH_OR_ID or --config config.json")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{source}: cannot read {path}: {error}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{source}: expected a JSON object in {path}")
+    return layout_from_config(config, source)
+
+
+def tuning_launches(
+    layout: AttentionLayout,
+    *,
+    batches: Iterable[int],
+    budgets: Iterable[int],
+    prompt_lens: Iterable[int],
+    dtypes: Iterable[str],
+    window: int,
+    score_mode: str,
+) -> list[tuple[str, tuple]]:
+    """(kernel, shape) of every distinct key the model's launches need, decode-time launches first."""
+    hq, hkv, dim = layout.q_heads, layout.kv_heads, layout.head_dim
+    decode, prefill = [], []
+    for dtype in dtypes:
+        for batch in batches:
+            for budget in budgets:
+                capacity = budget + window
+                decode += [
+                    ("decode", DecodeShape(batch, hq, hkv, capacity, dim, dtype, score_mode == "emitted")),
+                    ("decode_combine", DecodeShape(batch, hq, hkv, capacity, dim, dtype, score_mode == "emitted")),
+                    ("append", AppendShape(batch, hkv, 1, dim, dtype)),
+                    *_eviction(batch, layout, capacity, budget, window, dtype, score_mode),
+                ]
+                for prompt in prompt_lens:
+                    prefill += [
+                        ("prefill_forward", PrefillShape(batch, hq, hkv, prompt, prompt, dim, dtype, True, True)),
+                        ("append", AppendShape(batch, hkv, prompt, dim, dtype)),
+                    ]
+                    if score_mode == "emitted" and prompt > budget:
+                        prefill.append(("prefill_scores", ScoresShape(batch, hq, hkv, window, prompt, dim, dtype, True)))
+                    if prompt > capacity:
+                        prefill += _eviction(batch, layout, prompt, budget, window, dtype, score_mode)
+    distinct = {}
+    for kernel, shape in sorted(decode, key=lambda item: DECODE_ORDER.index(item[0])) + prefill:
+        distinct.setdefault((kernel, SPACES[kernel].key(shape)), (kernel, shape))
+    return list(distinct.values())
+
+
+def _eviction(
+    batch: int, layout: AttentionLayout, slots: int, budget: int, window: int, dtype: str, score_mode: str
+) -> list[tuple[str, tuple]]:
+    """The launches of one eviction of `slots` slots (with its recomputed window attention)."""
+    hq, hkv, dim = layout.q_heads, layout.kv_heads, layout.head_dim
+    launches = []
+    if score_mode == "recompute":
+        launches += [
+            ("prefill_forward", PrefillShape(batch, hq, hkv, window, slots, dim, dtype, False, False)),
+            ("prefill_scores", ScoresShape(batch, hq, hkv, window, slots, dim, dtype, False)),
+        ]
+    shape = EvictShape(batch, hkv, slots, budget, window, dim, dtype)
+    select = "evict_select_tiled" if uses_tiled_selection(slots) else "evict_select"
+    return launches + [(select, shape), ("evict_compact", shape)]
