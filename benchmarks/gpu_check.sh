@@ -9,14 +9,15 @@
 # Time budget (seconds; the whole script stays under 8 minutes):
 #   environment                        ~5
 #   CUDA tests                         120  (limit)
+#   autotuning                          75  (limit) Qwen3-8B decode-time kernels, batch 16, budget 4096:
+#                                           the default-vs-tuned table and the stored file
 #   attention benchmarks                60  (limit) prefill + decode; roofline measured in the session
 #   eviction benchmarks                 50  (limit) eviction per policy + score modes
-#   end-to-end decoding               ~125  what is left of the first 360 s; each of its three
+#   end-to-end decoding               ~115  what is left of the first 420 s; each of its three
 #                                           methods decodes for a third of it, less 30 s of
 #                                           compilation and warm-up
 #   report                              20  (limit)
-#   autotuning (not in this script)     60  kept free for an autotuning step before the benchmarks
-#   worst case              360 + 20 + 4 x 10 (interrupt grace) = 420, plus the 60 kept free
+#   worst case              420 + 20 + 5 x 10 (interrupt grace) = 470
 #
 # Each step runs under `timeout -s INT`: pytest, interrupted, still writes the JSON of the
 # rows it finished. A step that fails or is cut short does not stop the next; the exit
@@ -28,7 +29,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 VASE_BENCH_PROFILE=${VASE_BENCH_PROFILE:-gpu}
 python=${PYTHON:-python3}
 start=$(date +%s)
-deadline=$((start + 360))
+deadline=$((start + 420))
 grace=10
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '-' | sed 's/-$//')
@@ -68,7 +69,16 @@ run_step tests 120 $python -m pytest -q -p no:cacheprovider -rfEs \
   tests/test_prefill_attention.py tests/test_decode_attention.py tests/test_candidate_attention.py \
   tests/test_attention_compile.py tests/test_cache_append.py tests/test_eviction_kernel.py tests/test_sampling.py \
   tests/test_cache_layer.py tests/test_observation_window.py tests/test_cache_static_memory.py \
-  tests/test_integration_qwen3.py tests/test_call_paths.py
+  tests/test_integration_qwen3.py tests/test_call_paths.py tests/test_autotune_lookup.py
+
+# Autotuning into OUT_DIR (the benchmarks below keep the launchers' heuristics): the
+# command's table compares the default and the tuned configuration of each key.
+printf '%s\n' '{"model_type": "qwen3", "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "hidden_size": 4096}' \
+  > "$out/qwen3_8b_config.json"
+run_step autotune 75 env VASE_AUTOTUNE_DIR="$out/autotune" $python -m vase_triton autotune \
+  --config "$out/qwen3_8b_config.json" --batch 16 --budget 4096 --prompt-len 1024 --dtype bfloat16 \
+  --kernels decode,decode_combine,append,evict_select,evict_compact --time-limit 55
+VASE_AUTOTUNE_DIR="$out/autotune" $python -m vase_triton autotune --show > "$out/autotune_stored.txt" 2>&1
 
 run_step attention 60 $python -m pytest -q -p no:cacheprovider \
   benchmarks/bench_prefill.py benchmarks/bench_decode.py --benchmark-json "$out/attention.json"

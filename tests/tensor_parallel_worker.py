@@ -41,14 +41,16 @@ def main() -> None:
         vase_triton.patch_qwen3(model, evicting)
         cache = VaSECache.for_model(model, evicting, batch_size=1)
         patched_vase = model.generate(**kwargs, cache=cache)
-    print(json.dumps({
+    # One write per rank: the two ranks share stdout, and a separate newline could interleave.
+    sys.stdout.write(json.dumps({
         "rank": int(os.environ["RANK"]),
         "unpatched": unpatched[0].tolist(),
         "full": patched_full[0].tolist(),
         "vase": patched_vase[0].tolist(),
         "kv_heads": cache.stores[0].num_kv_heads,
         "evictions": cache.n_evictions,
-    }), flush=True)
+    }) + "\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
