@@ -1,0 +1,76 @@
+"""The testbed task, its tokenizer, and the shipped model's full-cache accuracy on held-out problems."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from vase_triton.testbed.task import (
+    END_THINK, FACT_NAMES, MODULUS, PROMPT_TOKENS, SLOTS, USED_NAMES, heldout_problems, make_problem, parse_facts,
+)
+
+
+def _steps(problem):
+    """`(step, name, running sum)` of every step, read back from the trace words."""
+    words = problem.trace
+    body = words[: words.index(END_THINK)]
+    return [(int(head.split(":")[0]), head.split(":")[1], int(total)) for head, total in zip(body[0::2], body[1::2])]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_trace_is_the_running_sum_of_the_prompt_facts(seed):
+    problem = make_problem(random.Random(seed))
+    assert len(problem.prompt) == PROMPT_TOKENS
+    facts = parse_facts(problem.prompt)
+    assert sorted(facts) == sorted((name, slot) for name in FACT_NAMES for slot in range(SLOTS))
+    assert sum("=" in word for word in problem.prompt) == len(FACT_NAMES) * SLOTS
+    for name in FACT_NAMES:
+        first = next(k for k, word in enumerate(problem.prompt) if word.startswith(f"{name}0="))
+        assert [word.split("=")[0] for word in problem.prompt[first : first + SLOTS]] == [f"{name}{k}" for k in range(SLOTS)]
+    steps = _steps(problem)
+    assert [step for step, _, _ in steps] == list(range(len(steps)))
+    previous = 0
+    for step, name, total in steps:
+        assert name in USED_NAMES
+        assert total == (previous + facts[(name, step % SLOTS)]) % MODULUS
+        previous = total
+    assert problem.answer == previous
+    assert problem.trace[-1] == "\\boxed{" + str(previous) + "}"
+    assert not any("=" in word for word in problem.trace)
+
+
+def test_reads_move_one_or_two_places_and_rarely_repeat_a_recent_read():
+    repeats = reads = 0
+    for problem in heldout_problems(50):
+        steps = _steps(problem)
+        positions = [USED_NAMES.index(name) for _, name, _ in steps]
+        assert positions[0] == 0
+        for (step, _, _), (_, _, previous_total), before, after in zip(steps[1:], steps, positions, positions[1:]):
+            assert (after - before) % len(USED_NAMES) == 1 + (previous_total + step) % 2
+        read = [(name, step % SLOTS) for step, name, _ in steps]
+        repeats += sum(read[k] in read[max(0, k - 6) : k] for k in range(len(read)))
+        reads += len(read)
+    # An earlier step of the last six read the same digit for under a third of the steps.
+    assert repeats < reads / 3
+
+
+def test_heldout_stream_is_fixed_and_apart_from_training_streams():
+    first, again = heldout_problems(8), heldout_problems(8)
+    assert first == again
+    training = {make_problem(random.Random(seed)).prompt for seed in range(50)}
+    assert not training & {problem.prompt for problem in first}
+
+
+def test_tokenizer_round_trip_without_unknown_words():
+    from vase_triton.testbed.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    problem = heldout_problems(1)[0]
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": problem.question}], add_generation_prompt=True, tokenize=False
+    )
+    ids = tokenizer(prompt + " " + " ".join(problem.trace), add_special_tokens=False)["input_ids"]
+    assert tokenizer.unk_token_id not in ids
+    assert ids[0] == tokenizer.bos_token_id
+    assert tokenizer.decode(ids[PROMPT_TOKENS + 2 :], skip_special_tokens=True) == " ".join(problem.trace)
