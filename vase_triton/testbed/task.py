@@ -1,22 +1,23 @@
 """The testbed task: a long running sum over a few facts hidden among many distractors.
 
-A problem is a prompt of `PROMPT_TOKENS` words holding eight facts, each a span of five
-digits written as self-describing words (`a0=4 a1=7 a2=1 a3=9 a4=5`: fact `a`, slots 0-4),
-at random places among filler words, then a worked trace of `steps` steps. Step `t`
-names one of the four facts `a`, `b`, `c`, `d` (word `t:name`), reads that fact's digit in
-slot `t % 5`, and writes the running sum, mod 100, after adding it. Step 0 names `a`;
-step `t` moves `1 + (sum + t) % 2` places on along `a b c d a ...` from the previous name,
-so the order of the reads depends on the sums and never repeats with a fixed period:
+A problem is a prompt of `PROMPT_TOKENS` words holding sixteen facts (`a=7`, `k=2`, ...)
+scattered at random among filler words, then a worked trace of `steps` steps. Step `t`
+names one of the four facts `a`, `b`, `c`, `d` (word `t:name`) and writes the running sum,
+mod 100, after adding that fact's digit. Step 0 names `a`; step `t` moves
+`1 + (sum + t) % 2` places on along `a b c d a ...` from the previous name, so the order
+of the reads depends on the sums and the step, and the trace never repeats itself:
 
-    <bos> so e0=3 ... a0=4 a1=7 a2=1 a3=9 a4=5 then ... <think> 0:a 4 1:c 13 2:d 15 ... </think> \\boxed{63} <eos>
+    <bos> so e=3 a=7 then ... k=1 <think> 0:a 7 1:c 9 2:d 13 ... </think> \\boxed{63} <eos>
 
-The trace never writes a digit of a fact, and a fact is read again every few steps but
-mostly in another slot than before, so an earlier step rarely tells what the next one
-needs: the prompt must be read again. The needed spans (20 words) are re-read all along
-the sequence, the other 44 prompt words and every trace word older than a step are never
-needed again. A cache that keeps the needed spans (and the last few words) solves the
-problem at any size; one that loses a digit gets the step that reads it wrong, and with
-it the final sum.
+The trace never writes a fact's digit, and each needed fact (four, or three when the
+moves keep skipping one) is read again every four steps on average and at most six steps
+(12 words) apart, from near the start of the sequence to its end, while the other 60
+prompt words and every trace word older than a step are never needed again. One wrong
+digit makes one step wrong and, through the running sum, the final answer.
+
+The digit of a fact also shows in the trace, as the difference of the two sums around an
+earlier step that read the same fact; a model can learn to read it from there instead of
+from the prompt.
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ import dataclasses
 import random
 from typing import Sequence
 
-FACT_NAMES = tuple("abcdefgh")
+FACT_NAMES = tuple("abcdefghijklmnop")
 USED_NAMES = FACT_NAMES[:4]
-SLOTS = 5
 FILLER_WORDS = (
     "so", "then", "note", "thus", "also", "here", "now", "well", "next", "hence", "since", "given",
     "where", "while", "after", "before", "first", "again", "still", "yet", "once", "both", "each", "other",
@@ -43,8 +43,8 @@ THINK, END_THINK = "<think>", "</think>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK, THINK, END_THINK)
 
 
-def fact_token(name: str, slot: int, digit: int) -> str:
-    return f"{name}{slot}={digit}"
+def fact_token(name: str, digit: int) -> str:
+    return f"{name}={digit}"
 
 
 def step_token(step: int, name: str) -> str:
@@ -55,10 +55,15 @@ def answer_token(value: int) -> str:
     return "\\boxed{" + str(value) + "}"
 
 
+def trace_length(steps: int) -> int:
+    """Words of a trace of `steps` steps: two a step, then `</think>` and the answer."""
+    return 2 * steps + 2
+
+
 def vocabulary() -> list[str]:
     """Every word of the task, in id order (specials first, `<pad>` = 0)."""
     steps = [step_token(step, name) for step in range(MAX_STEPS) for name in USED_NAMES]
-    facts = [fact_token(name, slot, digit) for name in FACT_NAMES for slot in range(SLOTS) for digit in range(10)]
+    facts = [fact_token(name, digit) for name in FACT_NAMES for digit in range(10)]
     numbers = [str(value) for value in range(MODULUS)]
     answers = [answer_token(value) for value in range(MODULUS)]
     return [*SPECIAL_TOKENS, *steps, *facts, *FILLER_WORDS, *numbers, *answers]
@@ -77,8 +82,8 @@ class Problem:
         return " ".join(self.prompt)
 
 
-def solve(facts: dict[tuple[str, int], int], steps: int) -> tuple[tuple[str, ...], int]:
-    """The trace words of `steps` steps over `facts[(name, slot)]` (without the closing words) and the final sum."""
+def solve(facts: dict[str, int], steps: int) -> tuple[tuple[str, ...], int]:
+    """The trace words of `steps` steps over `facts` (without the closing words) and the final sum."""
     if not 1 <= steps <= MAX_STEPS:
         raise ValueError(f"steps: expected 1 <= steps <= {MAX_STEPS}; got {steps}")
     total, trace, index = 0, [], 0
@@ -86,36 +91,32 @@ def solve(facts: dict[tuple[str, int], int], steps: int) -> tuple[tuple[str, ...
         if step > 0:
             index = (index + 1 + (total + step) % 2) % len(USED_NAMES)
         name = USED_NAMES[index]
-        total = (total + facts[(name, step % SLOTS)]) % MODULUS
+        total = (total + facts[name]) % MODULUS
         trace += [step_token(step, name), str(total)]
     return tuple(trace), total
 
 
 def make_problem(rng: random.Random, steps: int = DEFAULT_STEPS) -> Problem:
     """A random problem with `steps` steps, drawn from `rng`."""
-    facts = {(name, slot): rng.randrange(10) for name in FACT_NAMES for slot in range(SLOTS)}
-    spans = [[fact_token(name, slot, facts[(name, slot)]) for slot in range(SLOTS)] for name in FACT_NAMES]
-    rng.shuffle(spans)
-    n_fillers = PROMPT_TOKENS - SLOTS * len(FACT_NAMES)
-    fillers = [rng.choice(FILLER_WORDS) for _ in range(n_fillers)]
-    # Span k goes after the filler at a sorted random cut, so spans never overlap.
-    cuts = sorted(rng.randrange(n_fillers + 1) for _ in spans)
-    prompt, previous = [], 0
-    for cut, span in zip(cuts, spans):
-        prompt += fillers[previous:cut] + span
-        previous = cut
-    prompt += fillers[previous:]
+    facts = {name: rng.randrange(10) for name in FACT_NAMES}
+    fillers = [rng.choice(FILLER_WORDS) for _ in range(PROMPT_TOKENS - len(FACT_NAMES))]
+    order = list(FACT_NAMES)
+    rng.shuffle(order)
+    slots = set(rng.sample(range(PROMPT_TOKENS), len(FACT_NAMES)))
+    fact_words = iter(fact_token(name, facts[name]) for name in order)
+    filler_words = iter(fillers)
+    prompt = [next(fact_words) if position in slots else next(filler_words) for position in range(PROMPT_TOKENS)]
     trace, answer = solve(facts, steps)
     return Problem(tuple(prompt), (*trace, END_THINK, answer_token(answer)), answer)
 
 
-def parse_facts(prompt: Sequence[str]) -> dict[tuple[str, int], int]:
-    """The digits stated in a prompt's words, by `(name, slot)`."""
+def parse_facts(prompt: Sequence[str]) -> dict[str, int]:
+    """The fact digits stated in a prompt's words."""
     facts = {}
     for word in prompt:
-        head, sep, digit = word.partition("=")
-        if sep and len(head) == 2 and head[0] in FACT_NAMES and head[1].isdigit() and digit.isdigit():
-            facts[(head[0], int(head[1]))] = int(digit)
+        name, sep, digit = word.partition("=")
+        if sep and name in FACT_NAMES and digit.isdigit():
+            facts[name] = int(digit)
     return facts
 
 

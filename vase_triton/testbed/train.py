@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m vase_triton.testbed.train", description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0, help="seed of the data, the initialisation and the noise")
     parser.add_argument("--out", required=True, help="output model directory")
-    parser.add_argument("--plain-steps", type=int, default=1800, help="optimiser steps without eviction noise")
+    parser.add_argument("--plain-steps", type=int, default=1500, help="optimiser steps without eviction noise")
     parser.add_argument("--noise-steps", type=int, default=400, help="optimiser steps with eviction noise")
     parser.add_argument("--plain-out", help="also save the model reached at the end of the plain phase here")
     parser.add_argument("--batch-size", type=int, default=16)
