@@ -26,3 +26,23 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def saved_model_dir(tmp_path):
+    """A tiny Qwen3 and a character-level fast tokenizer saved as a local model directory."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from vase_triton.demo_model import tiny_qwen3
+
+    specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
+    vocab = {token: index for index, token in enumerate(specials + [chr(c) for c in range(32, 127)])}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    ).save_pretrained(tmp_path)
+    tiny_qwen3(seed=3).save_pretrained(tmp_path)
+    return tmp_path

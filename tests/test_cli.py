@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -11,36 +12,26 @@ import pytest
 from vase_triton.cli import main
 
 
-def test_generate_on_builtin_default_reports_summary(capsys, monkeypatch):
+def _row(out: str, name: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith(name))
+
+
+def test_generate_on_builtin_testbed_compares_full_cache_and_policy(capsys, monkeypatch, one_thread):
     monkeypatch.setenv("VASE_BACKEND", "torch")
-    assert main(["generate", "--max-new-tokens", "160", "--budget", "40", "--window", "8"]) == 0
+    assert main(["generate", "--policy", "h2o", "--seed", "3"]) == 0
     out = capsys.readouterr().out
-    assert "built-in tiny random Qwen3" in out
-    assert "tokens generated: 160" in out
-    assert "tokens/s" in out
-    evictions = int(out.split("evictions:")[1].split()[0])
-    assert evictions > 0
-    assert "static cache vs" in out
+    from vase_triton.testbed.harness import testbed_problems
 
-
-@pytest.fixture
-def saved_model_dir(tmp_path):
-    """A tiny Qwen3 and a character-level fast tokenizer saved as a local model directory."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from vase_triton.demo_model import tiny_qwen3
-
-    specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
-    vocab = {token: index for index, token in enumerate(specials + [chr(c) for c in range(32, 127)])}
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()
-    PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
-    ).save_pretrained(tmp_path)
-    tiny_qwen3(seed=3).save_pretrained(tmp_path)
-    return tmp_path
+    expected = testbed_problems(4)[3].answer
+    assert f"expected answer: {expected} after 128 steps" in out
+    assert "full cache" in _row(out, " ") and "h2o" in _row(out, " ")
+    verdicts = re.findall(r"(\d+) \((right|wrong)\)|none", _row(out, "answer"))
+    assert len(verdicts) == 2
+    for value, verdict in verdicts:
+        assert verdict == ("" if not value else "right" if value == expected else "wrong")
+    evictions = _row(out, "evictions").split()
+    assert evictions[1] == "0" and int(evictions[4]) > 0
+    assert "budget 82 + window 16 (4.0x)" in _row(out, "cache")
 
 
 def test_generate_with_a_local_model_directory(saved_model_dir, capsys, monkeypatch):
@@ -57,17 +48,18 @@ def test_first_run_path_as_module_in_a_fresh_process():
     env = dict(os.environ, VASE_BACKEND="torch")
     env.pop("TRITON_INTERPRET", None)
     result = subprocess.run(
-        [sys.executable, "-m", "vase_triton", "generate", "--max-new-tokens", "80", "--policy", "snapkv"],
+        [sys.executable, "-m", "vase_triton", "generate", "--policy", "snapkv", "--max-new-tokens", "40"],
         capture_output=True,
         text=True,
         env=env,
         timeout=600,
     )
     assert result.returncode == 0, result.stderr
-    assert "tokens generated: 80" in result.stdout
+    assert "expected answer:" in result.stdout and "snapkv" in result.stdout
+    assert result.stderr.strip() == ""
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["generate", "--help"]], ids=["top", "generate"])
+@pytest.mark.parametrize("argv", [["--help"], ["generate", "--help"], ["eval", "--help"]], ids=["top", "generate", "eval"])
 def test_help(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
@@ -97,6 +89,10 @@ def test_invalid_config_and_missing_model_are_one_line_errors(tmp_path, capsys):
     assert main(["generate", "--budget", "8", "--window", "8"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("vase-triton: error:") and "budget" in err and len(err.splitlines()) == 1
+
+    assert main(["generate", "--prompt", "hello"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("vase-triton: error: --prompt") and len(err.splitlines()) == 1
 
     assert main(["generate", "--model", str(tmp_path / "missing-model")]) == 1
     err = capsys.readouterr().err.strip()

@@ -71,3 +71,26 @@ def test_tokenizer_round_trip_without_unknown_words():
     assert tokenizer.unk_token_id not in ids
     assert ids[0] == tokenizer.bos_token_id
     assert tokenizer.decode(ids[PROMPT_TOKENS + 2 :], skip_special_tokens=True) == " ".join(problem.trace)
+
+
+def test_shipped_model_solves_heldout_problems_with_a_full_cache(monkeypatch, one_thread):
+    """Full-cache accuracy of the shipped weights on 32 fixed held-out problems is at least 90%."""
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    from vase_triton.config import VaSEConfig
+    from vase_triton.eval.extraction import extract_answer
+    from vase_triton.eval.prompting import render_prompt
+    from vase_triton.eval.runner import EvalSettings, generate_batch
+    from vase_triton.testbed.harness import MAX_NEW_TOKENS, TESTBED_WINDOW, testbed_problems
+    from vase_triton.testbed.model import load_testbed
+
+    model, tokenizer = load_testbed()
+    problems = testbed_problems(32)
+    settings = EvalSettings(
+        model="testbed", max_new_tokens=MAX_NEW_TOKENS, batch_size=32, window=TESTBED_WINDOW, seed=0,
+        sampling={"do_sample": False},
+    )
+    config = VaSEConfig(policy="full", budget=64, window=TESTBED_WINDOW)
+    new_ids, *_ = generate_batch(model, tokenizer, [render_prompt(tokenizer, p) for p in problems], config, settings, 0)
+    answers = [extract_answer(tokenizer.decode(ids, skip_special_tokens=True)) for ids in new_ids]
+    correct = sum(answer == problem.answer for answer, problem in zip(answers, problems))
+    assert correct >= 0.9 * len(problems), f"{correct}/{len(problems)} right"

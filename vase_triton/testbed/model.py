@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from vase_triton.testbed.task import BOS, EOS, PAD, vocabulary
+from vase_triton.testbed.tokenizer import build_tokenizer
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 # Room for the longest problem (under 400 words) and whatever a caller asks beyond it.
@@ -41,15 +42,18 @@ def testbed_config(*, hidden_size: int = 128, num_layers: int = 4, num_heads: in
 
 
 def load_testbed(*, device="cpu", dtype: torch.dtype = torch.float32):
-    """The shipped testbed `(model, tokenizer)`; the tokenizer pads on the left."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The shipped testbed `(model, tokenizer)`; the tokenizer pads on the left.
+
+    The tokenizer is rebuilt from the task vocabulary (the same as the shipped tokenizer
+    files), which keeps loading independent of how a transformers version names its classes.
+    """
+    from transformers import AutoModelForCausalLM
 
     if not (WEIGHTS_DIR / "model.safetensors").is_file():
         raise FileNotFoundError(
             f"testbed weights: expected {WEIGHTS_DIR / 'model.safetensors'} (run "
             "`python -m vase_triton.testbed.train --out vase_triton/testbed/weights`); it is missing"
         )
-    tokenizer = AutoTokenizer.from_pretrained(WEIGHTS_DIR)
-    tokenizer.padding_side = "left"
+    tokenizer = build_tokenizer()
     model = AutoModelForCausalLM.from_pretrained(WEIGHTS_DIR, dtype=dtype).to(device).eval()
     return model, tokenizer
