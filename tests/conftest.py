@@ -37,3 +37,11 @@ def tokenizer():
     from vase_triton.demo_model import ByteTokenizer
 
     return ByteTokenizer()
+
+
+@pytest.fixture
+def saved_model_dir(tmp_path):
+    """A tiny Qwen3 and a character-level fast tokenizer saved as a local model directory."""
+    from model_dirs import save_model_dir
+
+    return save_model_dir(tmp_path)

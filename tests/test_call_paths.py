@@ -14,7 +14,7 @@ from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeCo
 
 import vase_triton
 from vase_triton import VaSECache, VaSEConfig
-from vase_triton.demo_model import ByteTokenizer, tiny_qwen3
+from vase_triton.demo_model import ByteTokenizer
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Hi!", "Count: 1, 2, 3,"]
 TURNS = [" Tell me more.", " And then?"]

@@ -4,24 +4,36 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+from model_dirs import save_model_dir
 from vase_triton.cli import main
 
 
-def test_generate_on_builtin_default_reports_summary(capsys, monkeypatch):
+def _row(out: str, name: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith(name))
+
+
+def test_generate_on_builtin_testbed_compares_full_cache_and_policy(capsys, monkeypatch):
     monkeypatch.setenv("VASE_BACKEND", "torch")
-    assert main(["generate", "--max-new-tokens", "160", "--budget", "40", "--window", "8"]) == 0
+    assert main(["generate", "--policy", "h2o", "--seed", "3"]) == 0
     out = capsys.readouterr().out
-    assert "built-in tiny random Qwen3" in out
-    assert "tokens generated: 160" in out
-    assert "tokens/s" in out
-    evictions = int(out.split("evictions:")[1].split()[0])
-    assert evictions > 0
-    assert "static cache vs" in out
+    from vase_triton.testbed.harness import testbed_problems
+
+    expected = testbed_problems(4)[3].answer
+    assert f"expected answer: {expected} after 128 steps" in out
+    assert "full cache" in _row(out, " ") and "h2o" in _row(out, " ")
+    verdicts = re.findall(r"(\d+) \((right|wrong)\)|none", _row(out, "answer"))
+    assert len(verdicts) == 2
+    for value, verdict in verdicts:
+        assert verdict == ("" if not value else "right" if value == expected else "wrong")
+    evictions = _row(out, "evictions").split()
+    assert evictions[1] == "0" and int(evictions[4]) > 0
+    assert "budget 82 + window 16 (4.0x)" in _row(out, "cache")
 
 
 # A Qwen3-style template: thinking on unless `enable_thinking=False` (then an empty think block).
@@ -29,33 +41,6 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>"
     "{% if enable_thinking is defined and enable_thinking is false %}<think></think>{% endif %}{% endif %}"
 )
-
-
-def save_model_dir(path, chat_template=None):
-    """A tiny Qwen3 and a character-level fast tokenizer (ids 4.. are printable ASCII) saved in `path`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from vase_triton.demo_model import tiny_qwen3
-
-    specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
-    vocab = {token: index for index, token in enumerate(specials + [chr(c) for c in range(32, 127)])}
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
-    )
-    if chat_template is not None:
-        fast.chat_template = chat_template
-    fast.save_pretrained(path)
-    tiny_qwen3(seed=3).save_pretrained(path)
-    return path
-
-
-@pytest.fixture
-def saved_model_dir(tmp_path):
-    return save_model_dir(tmp_path)
 
 
 def test_generate_with_a_local_model_directory(saved_model_dir, capsys, monkeypatch):
@@ -72,17 +57,21 @@ def test_first_run_path_as_module_in_a_fresh_process():
     env = dict(os.environ, VASE_BACKEND="torch")
     env.pop("TRITON_INTERPRET", None)
     result = subprocess.run(
-        [sys.executable, "-m", "vase_triton", "generate", "--max-new-tokens", "80", "--policy", "snapkv"],
+        [sys.executable, "-m", "vase_triton", "generate", "--policy", "snapkv", "--max-new-tokens", "40"],
         capture_output=True,
         text=True,
         env=env,
         timeout=600,
     )
     assert result.returncode == 0, result.stderr
-    assert "tokens generated: 80" in result.stdout
+    assert "expected answer:" in result.stdout and "snapkv" in result.stdout
+    assert result.stderr.strip() == ""
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["generate", "--help"]], ids=["top", "generate"])
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["generate", "--help"], ["eval", "--help"], ["autotune", "--help"]],
+    ids=["top", "generate", "eval", "autotune"],
+)
 def test_help(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
@@ -131,23 +120,26 @@ def test_invalid_config_and_missing_model_are_one_line_errors(tmp_path, capsys, 
     one_line_error(capsys, ["generate", "--model", str(tmp_path / "empty")], "has no config.json")
 
 
-def test_every_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
+def test_every_bad_input_is_one_line(saved_model_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("VASE_BACKEND", "torch")
     model_only = tmp_path / "model-only"
     from vase_triton.demo_model import tiny_qwen3
 
     tiny_qwen3(seed=3).save_pretrained(model_only)
+    model = ["generate", "--model", str(saved_model_dir)]
     one_line_error(capsys, ["generate", "--model", str(model_only)], "has no tokenizer files")
-    one_line_error(capsys, ["generate", "--prompt", ""], "--prompt: the prompt is empty (0 tokens)")
+    one_line_error(capsys, model + ["--prompt", ""], "--prompt: the prompt is empty (0 tokens)")
+    one_line_error(capsys, ["generate", "--prompt", "hello"], "--prompt: only with --model")
+    one_line_error(capsys, ["generate", "--policy", "full"], "--policy: the testbed demo compares")
     one_line_error(capsys, ["generate", "--temperature", "inf"], "--temperature", status=2)
     one_line_error(capsys, ["generate", "--evict-temperature", "nan"], "--evict-temperature", status=2)
     one_line_error(capsys, ["generate", "--policy", "random", "--evict-temperature", "0"], "--evict-temperature:")
-    one_line_error(capsys, ["generate", "--prompts", str(tmp_path / "none.jsonl")], "--prompts: no such file")
+    one_line_error(capsys, model + ["--prompts", str(tmp_path / "none.jsonl")], "--prompts: no such file")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "fine"}\n{"text": "no prompt"}\n')
-    one_line_error(capsys, ["generate", "--prompts", str(bad)], "line 2: expected an object with a \"prompt\" string")
-    one_line_error(capsys, ["generate", "--out", str(tmp_path / "x.jsonl")], "--out: only with --prompts")
-    one_line_error(capsys, ["generate", "--chat"], "--chat: this tokenizer has no chat template")
+    one_line_error(capsys, model + ["--prompts", str(bad)], "line 2: expected an object with a \"prompt\" string")
+    one_line_error(capsys, model + ["--out", str(tmp_path / "x.jsonl")], "--out: only with --prompts")
+    one_line_error(capsys, model + ["--chat"], "--chat: this tokenizer has no chat template")
     monkeypatch.setenv("VASE_BACKEND", "fastest")
     one_line_error(capsys, ["generate"], "VASE_BACKEND: expected one of auto, triton, torch")
 

@@ -1,6 +1,7 @@
 """The `vase-triton` command (also `python -m vase_triton`): argument parsing and dispatch.
 
-Each subcommand lives in `vase_triton.commands`. Errors print one line to stderr and exit
+Subcommands: `generate` (`vase_triton.commands.generate`), `eval` (`vase_triton.eval.command`)
+and `autotune` (`vase_triton.autotune.command`). Errors print one line to stderr and exit
 non-zero (1 for a failure, 2 for bad arguments, 130 when interrupted).
 """
 
@@ -12,6 +13,7 @@ from typing import Optional, Sequence
 from vase_triton.autotune.command import add_autotune_command
 from vase_triton.commands.common import CommandError, OneLineErrorParser
 from vase_triton.commands.generate import add_generate_command
+from vase_triton.eval.command import add_eval_command
 
 
 def build_parser() -> OneLineErrorParser:
@@ -19,6 +21,7 @@ def build_parser() -> OneLineErrorParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
     commands.required = True
     add_generate_command(commands)
+    add_eval_command(commands)
     add_autotune_command(commands)
     return parser
 

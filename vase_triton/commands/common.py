@@ -77,7 +77,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, default_budget: Opt
     group = parser.add_argument_group("VaSE cache")
     group.add_argument("--policy", default=defaults.policy, choices=list(POLICIES), help="eviction policy (default: vase)")
     group.add_argument("--budget", type=positive_int, help=f"tokens kept per head after an eviction (default {default_budget})")
-    group.add_argument("--window", type=positive_int, default=defaults.window,
+    group.add_argument("--window", type=positive_int,
                        help=f"recent/observation window and eviction interval (default {defaults.window})")
     group.add_argument("--n-sink", type=non_negative_int, default=defaults.n_sink,
                        help=f"first tokens never evicted (default {defaults.n_sink})")
@@ -96,11 +96,11 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, default_budget: Opt
                        help="tokens per prefill chunk (peak prefill memory: capacity + chunk)")
 
 
-def config_from_arguments(args: argparse.Namespace, budget: int) -> VaSEConfig:
-    """The `VaSEConfig` the options describe; an invalid combination is a one-line error."""
+def config_from_arguments(args: argparse.Namespace, budget: int, window: int = VaSEConfig().window) -> VaSEConfig:
+    """The `VaSEConfig` the options describe (`budget`, and `window` unless given); invalid is a one-line error."""
     try:
         return VaSEConfig(
-            policy=args.policy, budget=budget, window=args.window, n_sink=args.n_sink, n_protect=args.n_protect,
+            policy=args.policy, budget=budget, window=args.window or window, n_sink=args.n_sink, n_protect=args.n_protect,
             protect_values=args.protect_values, value_stat=args.value_stat, temperature=args.evict_temperature,
             score_mode=args.score_mode, pool_kernel=args.pool_kernel, rkv_lambda=args.rkv_lambda,
             dkv_rank=args.dkv_rank, seed=args.seed, prefill_chunk_size=args.prefill_chunk_size,
@@ -196,6 +196,7 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype):
             f"--model: expected a transformers causal LM of type {', '.join(SUPPORTED_MODEL_TYPES)}; "
             f"{name!r} is a {model_type!r} model"
         )
+    quiet_transformers()
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **kwargs).to(device).eval()
@@ -206,6 +207,33 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def quiet_transformers() -> None:
+    """No weight-loading progress bars: the command's own output stays readable."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+
+
+def sampling_settings(model, temperature: Optional[float], top_p: Optional[float], top_k: Optional[int]) -> dict:
+    """Decoding settings: the values given, else the model's generation config (greedy when it says so).
+
+    A temperature of 0 means greedy decoding.
+    """
+    config = model.generation_config
+    if temperature is None:
+        temperature = (config.temperature or 1.0) if config.do_sample else 0.0
+    if temperature == 0:
+        return {"do_sample": False}
+    settings = {"do_sample": True, "temperature": float(temperature)}
+    top_p = top_p if top_p is not None else config.top_p
+    top_k = top_k if top_k is not None else config.top_k
+    if top_p is not None:
+        settings["top_p"] = float(top_p)
+    if top_k is not None:
+        settings["top_k"] = int(top_k)
+    return settings
 
 
 def printable(text: str) -> str:

@@ -6,7 +6,8 @@ One prompt is streamed as it is generated, then summarised; a JSONL file of prom
 (`{"prompt": ..., "id": ...}` per line) runs as left-padded batches and gives one JSON
 line per completion. The tokenizer's chat template is applied when it has one (Qwen3:
 thinking mode, unless `--no-think`), and sampling follows the model's generation config
-unless overridden. Without `--model` a tiny random Qwen3 is used (no download).
+unless overridden. Without `--model` the built-in testbed model (no download) solves one
+held-out testbed problem with the full cache and with `--policy` side by side.
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ from vase_triton.commands.common import (
     non_negative_int,
     positive_int,
     printable,
+    quiet_transformers,
     resolve_device,
     resolve_dtype,
+    sampling_settings,
 )
 
 DEFAULT_PROMPT = "Question: Natalia sold 48 clips in April and half as many in May. How many clips in total?\nAnswer:"
-DEMO_BUDGET = 128
-DEMO_MAX_NEW_TOKENS = 512
+DEFAULT_BUDGET = 2048
+DEFAULT_MAX_NEW_TOKENS = 1024
 COMPILE_CHOICES = ("none", "default", "reduce-overhead", "max-autotune")
 
 
@@ -45,8 +48,9 @@ def add_generate_command(commands) -> None:
     parser = commands.add_parser(
         "generate",
         help="generate text with a VaSE-patched model and report speed and KV memory",
-        description="Generate completions with a VaSE-patched model. Without --model, a tiny randomly initialised "
-        "Qwen3 is used (no download; its text is noise).",
+        description="Generate completions with a VaSE-patched model. Without --model, the built-in testbed model "
+        "(no download) solves a held-out testbed problem with the full cache and with --policy side by side, "
+        "showing both answers and the KV memory each used.",
     )
     source = parser.add_argument_group("model and prompts")
     source.add_argument("--model", help="local directory or hub id of a Qwen3 / Qwen3-MoE / Qwen2 / Llama causal LM")
@@ -61,13 +65,14 @@ def add_generate_command(commands) -> None:
     source.add_argument("--no-think", action="store_true", help="chat template without thinking mode (Qwen3)")
     decoding = parser.add_argument_group("decoding")
     decoding.add_argument("--max-new-tokens", type=positive_int,
-                          help=f"tokens to generate (default 1024; {DEMO_MAX_NEW_TOKENS} for the built-in model)")
+                          help=f"tokens to generate (default {DEFAULT_MAX_NEW_TOKENS}; a whole trace for the testbed)")
     decoding.add_argument("--temperature", type=finite_float(),
                           help="decoding temperature (0 = greedy; default: the model's generation config)")
     decoding.add_argument("--top-p", type=finite_float(0.0, 1.0), help="nucleus sampling (default: the model's)")
     decoding.add_argument("--top-k", type=non_negative_int, help="top-k sampling (default: the model's)")
-    decoding.add_argument("--seed", type=non_negative_int, default=0, help="seed of decoding and eviction sampling")
-    add_config_arguments(parser, default_budget=f"2048; {DEMO_BUDGET} for the built-in model")
+    decoding.add_argument("--seed", type=non_negative_int, default=0,
+                          help="seed of decoding and eviction sampling (and the testbed problem shown)")
+    add_config_arguments(parser, default_budget=f"{DEFAULT_BUDGET}; 4x compression for the testbed")
     runtime = parser.add_argument_group("runtime")
     runtime.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     runtime.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -101,24 +106,6 @@ def _format_prompt(tokenizer, prompt: str, chat: bool, think: bool) -> str:
         return prompt
     messages = [{"role": "user", "content": prompt}]
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=think)
-
-
-def _sampling(model, args) -> dict:
-    """Decoding settings: the options given, else the model's generation config (greedy when it says so)."""
-    config = model.generation_config
-    temperature = args.temperature if args.temperature is not None else (
-        (config.temperature or 1.0) if config.do_sample else 0.0
-    )
-    if temperature == 0:
-        return {"do_sample": False}
-    settings = {"do_sample": True, "temperature": temperature}
-    top_p = args.top_p if args.top_p is not None else config.top_p
-    top_k = args.top_k if args.top_k is not None else config.top_k
-    if top_p is not None:
-        settings["top_p"] = top_p
-    if top_k is not None:
-        settings["top_k"] = top_k
-    return settings
 
 
 class _PrintableStreamer:
@@ -158,22 +145,17 @@ def run_generate(args) -> int:
     check_backend()
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    demo = args.model is None
-    config = config_from_arguments(args, args.budget or (DEMO_BUDGET if demo else 2048))
-    max_new_tokens = args.max_new_tokens or (DEMO_MAX_NEW_TOKENS if demo else 1024)
+    if args.model is None:
+        return _generate_testbed(args, device, dtype)
+    config = config_from_arguments(args, args.budget or DEFAULT_BUDGET)
+    max_new_tokens = args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
     if args.out is not None and args.prompts is None:
         raise CommandError("--out: only with --prompts (one JSON line per completion)")
     prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt
     records = _read_prompts(args.prompts) if args.prompts is not None else [("1", prompt)]
 
-    if demo:
-        from vase_triton.demo_model import ByteTokenizer, tiny_qwen3
-
-        model, tokenizer = tiny_qwen3(seed=args.seed, dtype=dtype, device=device), ByteTokenizer()
-        label = "built-in tiny random Qwen3 (no download; output is noise)"
-    else:
-        model, tokenizer = load_model(args.model, device, dtype)
-        label = args.model
+    model, tokenizer = load_model(args.model, device, dtype)
+    label = args.model
     try:
         patch_any(model, config, compile_mode=None if args.compile == "none" else args.compile)
     except (TypeError, ValueError) as error:
@@ -182,7 +164,7 @@ def run_generate(args) -> int:
     if args.chat and not has_template:
         raise CommandError("--chat: this tokenizer has no chat template")
     chat = has_template if args.chat is None else args.chat
-    sampling = _sampling(model, args)
+    sampling = sampling_settings(model, args.temperature, args.top_p, args.top_k)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
@@ -209,7 +191,7 @@ def run_generate(args) -> int:
         with torch.inference_mode():
             output = model.generate(
                 input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                min_new_tokens=max_new_tokens if demo else None, pad_token_id=pad_id, cache=cache,
+                pad_token_id=pad_id, cache=cache,
                 streamer=_PrintableStreamer(tokenizer) if stream else None, **sampling,
             )
         if device.type == "cuda":
@@ -240,6 +222,28 @@ def run_generate(args) -> int:
     if args.prompts is not None:
         _write_records(results, args.out)
     _print_summary(summary, results, args, stream)
+    return 0
+
+
+def _generate_testbed(args, device: torch.device, dtype: torch.dtype) -> int:
+    """The built-in default: one held-out testbed problem, full cache and `--policy` side by side."""
+    from vase_triton.testbed.demo import side_by_side
+    from vase_triton.testbed.harness import MAX_NEW_TOKENS, TESTBED_WINDOW, compression_budget
+
+    for option, given in (("--prompt", args.prompt is not None), ("--prompts", args.prompts is not None),
+                          ("--out", args.out is not None), ("--json", args.json), ("--chat", args.chat is not None),
+                          ("--compile", args.compile != "none")):
+        if given:
+            raise CommandError(f"{option}: only with --model (the built-in testbed model answers its own problems)")
+    if args.policy == "full":
+        raise CommandError("--policy: the testbed demo compares the full cache with an evicting policy; got 'full'")
+    config = config_from_arguments(args, args.budget or compression_budget(4), TESTBED_WINDOW)
+    quiet_transformers()
+    try:
+        side_by_side(config, problem_index=args.seed, max_new_tokens=args.max_new_tokens or MAX_NEW_TOKENS,
+                     device=device, dtype=dtype)
+    except FileNotFoundError as error:
+        raise CommandError(str(error)) from None
     return 0
 
 

@@ -13,7 +13,7 @@ import contextlib
 from typing import Optional
 
 from vase_triton.config import VaSEConfig
-from vase_triton.integrations.patching import is_patched, patch_model, patch_state, unpatch
+from vase_triton.integrations.patching import patch_model, patch_state, unpatch
 from vase_triton.validation import SUPPORTED_HEAD_DIMS
 
 ARCHITECTURES = {

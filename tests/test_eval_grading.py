@@ -1,0 +1,134 @@
+"""Answer extraction and grading on real-looking model outputs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from vase_triton.eval import grading
+from vase_triton.eval.extraction import choice_letter, extract_answer, last_boxed
+from vase_triton.eval.grading import grade, normalise
+from vase_triton.eval.tasks import gsm8k_gold, shuffled_choices
+
+THINKING = (
+    "<think>\nLet me set up the equation. If $x = \\frac{1}{2}$ then maybe \\boxed{2}? No, recheck: "
+    "the ratio is $\\frac{\\sqrt{3}}{2}$.\n</think>\n\nThe ratio is $\\boxed{\\dfrac{\\sqrt{3}}{2}}$."
+)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (THINKING, "\\dfrac{\\sqrt{3}}{2}"),
+        ("So $f(x) = \\boxed{\\left\\{ x \\mid x^{2} > 1 \\right\\}}$ and we are done.", "\\left\\{ x \\mid x^{2} > 1 \\right\\}"),
+        ("First guess \\boxed{3}. Wait, I dropped a term: \\boxed{5}.", "5"),
+        ("The perimeter is \\boxed{10\\text{ cm}}.", "10\\text{ cm}"),
+        ("Hence \\fbox{42} is the count.", "42"),
+        ("so the answer is \\boxed 7.", "7"),
+        ("Natalia sold 48 + 24 = 72 clips.\n#### 72", "72"),
+        ("Adding these up gives 1,234 in all.\n#### 1,234", "1,234"),
+        ("After simplifying we get 12.\n\n**Final Answer:** 12", "12"),
+        ("Thus the answer is $\\frac{3}{4}$.", "\\frac{3}{4}"),
+    ],
+    ids=["nested-dfrac", "escaped-braces", "multiple-boxed", "units", "fbox", "boxed-space", "gsm8k", "gsm8k-comma",
+         "final-answer-line", "answer-is"],
+)
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["I am not sure how to continue; the recursion", "We get \\boxed{12 and then the proof breaks off", ""],
+    ids=["rambling", "unclosed-brace", "empty"],
+)
+def test_no_answer(text):
+    assert extract_answer(text) is None
+    assert grade(extract_answer(text), "12") == grading.Grade(False, "no-answer")
+
+
+def test_last_boxed_skips_an_unclosed_final_box():
+    assert last_boxed("We have \\boxed{4}. Double-check: \\boxed{4") == "4"
+
+
+@pytest.mark.parametrize(
+    "output, gold, correct",
+    [
+        (THINKING, "\\frac{\\sqrt{3}}{2}", True),
+        ("so \\boxed{\\frac{1}{2}}", "0.5", True),
+        ("so \\boxed{1+x^2}", "x^2+1", True),
+        ("The area is \\boxed{10\\text{ cm}}.", "10", True),
+        ("The angle is \\boxed{30^\\circ}.", "30", True),
+        ("#### 1,234", "1234", True),
+        ("so \\boxed{(1, 2)}", "(1,2)", True),
+        ("so \\boxed{4}", "3", False),
+        ("so \\boxed{\\frac{2}{3}}", "\\frac{3}{2}", False),
+        ("First \\boxed{3}, finally \\boxed{5}.", "3", False),
+    ],
+    ids=["sqrt-dfrac", "fraction-decimal", "commuted", "units", "degrees", "thousands", "pair", "wrong", "inverted",
+         "last-box-wins"],
+)
+def test_grade_math(output, gold, correct):
+    assert grade(extract_answer(output), gold).correct is correct
+
+
+@pytest.mark.parametrize(
+    "output, letter",
+    [
+        ("The compound must be the ketone. \\boxed{B}", "B"),
+        ("Therefore \\boxed{(C)}.", "C"),
+        ("I conclude \\boxed{\\text{D}}", "D"),
+        ("The answer is (A).", "A"),
+        ("\\boxed{C) 4.2 eV}", "C"),
+        ("\\boxed{E}", None),
+        ("\\boxed{4.2}", None),
+    ],
+    ids=["plain", "parenthesised", "text", "answer-line", "letter-and-value", "out-of-range", "value-only"],
+)
+def test_choice_letters(output, letter):
+    assert choice_letter(extract_answer(output), 4) == letter
+    assert grade(extract_answer(output), "C", choices=["1", "2", "3", "4"]).correct is (letter == "C")
+
+
+def test_normalise_forms():
+    assert normalise("$\\dfrac{1}{2}$") == normalise("\\frac{1}{2}")
+    assert normalise("\\left( 1, 2 \\right)") == "(1,2)"
+    assert normalise("12.0") == "12"
+    assert normalise("5 dollars") == "5"
+    assert normalise("50\\%") == "50"
+    assert normalise("x + 1") != normalise("x - 1")
+
+
+def test_gsm8k_gold_and_choice_shuffle():
+    assert gsm8k_gold("Natalia sold 48/2 = 24 clips in May.\n#### 1,072") == "1072"
+    choices, letter = shuffled_choices("right", ["w1", "w2", "w3"], seed=7)
+    assert sorted(choices) == ["right", "w1", "w2", "w3"]
+    assert choices[ord(letter) - ord("A")] == "right"
+    assert shuffled_choices("right", ["w1", "w2", "w3"], seed=7) == (choices, letter)
+    letters = {shuffled_choices("right", ["w1", "w2", "w3"], seed=s)[1] for s in range(40)}
+    assert letters == {"A", "B", "C", "D"}
+
+
+def test_grading_works_off_the_main_thread():
+    verdicts = []
+    worker = threading.Thread(target=lambda: verdicts.append(grade("\\dfrac{6}{8}", "\\frac{3}{4}")))
+    worker.start()
+    worker.join(60)
+    assert verdicts == [grading.Grade(True, "math-verify")]
+
+
+def test_grading_times_out(monkeypatch):
+    release = threading.Event()
+
+    def stuck(gold, answer):
+        release.wait(30)
+        return True
+
+    monkeypatch.setattr(grading, "_math_verify", stuck)
+    start = time.perf_counter()
+    verdict = grade("\\sum_{k=1}^{10^{9}} k!", "7", timeout_s=0.2)
+    release.set()
+    assert verdict == grading.Grade(False, "timeout")
+    assert time.perf_counter() - start < 5

@@ -1,0 +1,195 @@
+"""`vase-triton eval`: accuracy of policies x budgets x samples on reasoning tasks.
+
+    vase-triton eval [--model PATH_OR_ID] [--tasks aime25,math500,...] [--policies ...] [--budgets ...] --out DIR
+
+One JSONL line per sample (resumable), then `summary.md`, `summary.csv` and plots in
+`--out`. Without `--model` the built-in testbed model is measured on held-out testbed
+problems at 2x, 4x and 8x compression.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Sequence
+
+from vase_triton.commands.common import (
+    CommandError,
+    finite_float,
+    load_model,
+    non_negative_int,
+    positive_int,
+    quiet_transformers,
+    resolve_device,
+    resolve_dtype,
+    sampling_settings,
+)
+from vase_triton.config import VaSEConfig
+from vase_triton.policies import POLICIES
+
+DEFAULT_WINDOW = VaSEConfig().window
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers; got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers; got {text!r}")
+    return values
+
+
+def _name_list(choices: Sequence[str]):
+    def parse(text: str) -> list[str]:
+        names = [part.strip() for part in text.split(",") if part.strip()]
+        unknown = [name for name in names if name not in choices]
+        if not names or unknown:
+            raise argparse.ArgumentTypeError(f"expected comma-separated names from {', '.join(choices)}; got {text!r}")
+        return list(dict.fromkeys(names))
+
+    return parse
+
+
+def _task_list(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated task names or .jsonl paths; got {text!r}")
+    return list(dict.fromkeys(names))
+
+
+def add_eval_command(commands) -> None:
+    from vase_triton.eval.tasks import HUB_TASKS
+
+    policies = list(POLICIES)
+    parser = commands.add_parser(
+        "eval",
+        help="measure accuracy under every policy and budget on reasoning benchmarks",
+        description="Evaluate policies × budgets × samples on reasoning tasks, one JSONL line per sample "
+        "(resumable), then write summary.md, summary.csv and plots into --out. Without --model, the built-in "
+        "testbed model is measured on held-out testbed problems at 2x, 4x and 8x compression.",
+    )
+    parser.add_argument("--model", help="local path or hub id of a Qwen3 / Qwen3-MoE / Qwen2 / Llama causal LM")
+    parser.add_argument(
+        "--tasks", type=_task_list,
+        help=f"comma-separated: {', '.join(HUB_TASKS)}, testbed, or paths to .jsonl files "
+        "(default: all hub tasks with --model, testbed without)",
+    )
+    parser.add_argument("--policies", type=_name_list(policies), default=policies,
+                        help=f"comma-separated policies (default: all of {', '.join(policies)})")
+    parser.add_argument("--budgets", type=_int_list,
+                        help="comma-separated budgets in tokens (default 1024,2048,4096; testbed: 2x,4x,8x)")
+    parser.add_argument("--window", type=positive_int, help=f"recent/observation window (default {DEFAULT_WINDOW}; 16 for the testbed)")
+    parser.add_argument("--samples", type=positive_int, help="samples per problem (default 8; 1 for the testbed)")
+    parser.add_argument("--max-new-tokens", type=positive_int, help="generation limit (default 32768)")
+    parser.add_argument("--batch-size", type=positive_int, help="rows generated together (default 16; 64 for the testbed)")
+    parser.add_argument("--limit", type=positive_int, help="only the first N problems of each task")
+    parser.add_argument("--problems", type=positive_int, default=64, help="testbed problems to generate (default 64)")
+    parser.add_argument("--out", help="output directory (default: vase-eval-testbed without --model)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="run seed: decoding and eviction seeds derive from it")
+    parser.add_argument("--temperature", type=finite_float(), help="override the generation config's temperature (0 = greedy)")
+    parser.add_argument("--top-p", type=finite_float(0.0, 1.0), help="override the generation config's top-p")
+    parser.add_argument("--top-k", type=non_negative_int, help="override the generation config's top-k")
+    parser.add_argument("--grading-timeout", type=finite_float(), default=10.0, help="seconds allowed to grade one answer")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="model dtype (auto: bf16 on GPU, fp32 on CPU)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=run_eval_command)
+
+
+@dataclasses.dataclass(frozen=True)
+class _EvalPlan:
+    """What `vase-triton eval` runs once its defaults are filled in."""
+
+    label: str
+    tasks: list
+    budgets: list
+    window: int
+    samples: int
+    max_new_tokens: int
+    batch_size: int
+    out_dir: Path
+    header: str
+
+
+def _testbed_plan(args) -> _EvalPlan:
+    from vase_triton.eval.tasks import TESTBED_TASK
+    from vase_triton.testbed.harness import COMPRESSIONS, MAX_NEW_TOKENS, SEQUENCE_TOKENS, TESTBED_WINDOW, compression_budget
+
+    budgets = args.budgets or [compression_budget(ratio) for ratio in COMPRESSIONS]
+    samples, window = args.samples or 1, args.window or TESTBED_WINDOW
+    ratios = ", ".join(f"{budget} ({SEQUENCE_TOKENS / budget:.1f}x)" for budget in budgets)
+    return _EvalPlan(
+        label="testbed", tasks=args.tasks or [TESTBED_TASK], budgets=budgets, window=window, samples=samples,
+        max_new_tokens=args.max_new_tokens or MAX_NEW_TOKENS, batch_size=args.batch_size or 64,
+        out_dir=Path(args.out or "vase-eval-testbed"),
+        header=f"model: built-in testbed, {samples} sample(s) per problem, window {window}; "
+        f"budgets {ratios} of a {SEQUENCE_TOKENS}-token sequence",
+    )
+
+
+def _model_plan(args) -> _EvalPlan:
+    from vase_triton.eval.tasks import HUB_TASKS
+
+    if args.out is None:
+        raise CommandError("--out: expected an output directory for results of --model")
+    samples, window = args.samples or 8, args.window or DEFAULT_WINDOW
+    return _EvalPlan(
+        label=args.model, tasks=args.tasks or list(HUB_TASKS), budgets=args.budgets or [1024, 2048, 4096],
+        window=window, samples=samples, max_new_tokens=args.max_new_tokens or 32768,
+        batch_size=args.batch_size or 16, out_dir=Path(args.out),
+        header=f"model: {args.model}, {samples} sample(s) per problem, window {window}",
+    )
+
+
+def run_eval_command(args) -> int:
+    from vase_triton.eval.runner import EvalSettings, RunError, read_results, run_eval
+    from vase_triton.eval.summary import SUMMARY_MARKDOWN, markdown_table, write_summary
+    from vase_triton.eval.tasks import TaskError, load_task, task_label
+
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    plan = _testbed_plan(args) if args.model is None else _model_plan(args)
+    for policy in args.policies:
+        for budget in plan.budgets:
+            try:
+                VaSEConfig(policy=policy, budget=budget, window=plan.window)
+            except (ValueError, TypeError) as error:
+                raise CommandError(f"--budgets: {budget} with {policy!r}: {error}") from None
+    try:
+        problems = {
+            task_label(task): load_task(task, limit=args.limit, testbed_problems=args.problems) for task in plan.tasks
+        }
+    except TaskError as error:
+        raise CommandError(str(error)) from None
+    if args.model is None:
+        from vase_triton.testbed.model import load_testbed
+
+        quiet_transformers()
+        try:
+            model, tokenizer = load_testbed(device=device, dtype=dtype)
+        except FileNotFoundError as error:
+            raise CommandError(str(error)) from None
+    else:
+        model, tokenizer = load_model(args.model, device, dtype)
+    settings = EvalSettings(
+        model=plan.label, max_new_tokens=plan.max_new_tokens, batch_size=plan.batch_size, window=plan.window,
+        seed=args.seed, sampling=sampling_settings(model, args.temperature, args.top_p, args.top_k),
+        grading_timeout_s=args.grading_timeout,
+    )
+    try:
+        results = run_eval(
+            model, tokenizer, problems, policies=args.policies, budgets=plan.budgets, samples=plan.samples,
+            settings=settings, out_dir=plan.out_dir, progress=not args.no_progress,
+        )
+    except RunError as error:
+        raise CommandError(str(error)) from None
+    records = [record for record in read_results(results) if record["task"] in problems]
+    cells = write_summary(records, plan.out_dir, plan.header)
+    print(markdown_table(cells, "accuracy", "Accuracy (%), mean ± standard error over samples"))
+    if any(cell.trace_exact is not None for cell in cells):
+        print(markdown_table(cells, "trace_exact", "Whole-trace exact match (%)"))
+    print(f"results: {results}; summary: {plan.out_dir / SUMMARY_MARKDOWN} (+ summary.csv, accuracy.png, length.png)")
+    return 0

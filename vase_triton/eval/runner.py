@@ -1,0 +1,258 @@
+"""Run an evaluation: every task × policy × budget × sample, one JSONL line per sample.
+
+Work is cut into batches per (task, policy, budget): the `samples × problems` rows in
+the order (sample, problem), `batch_size` rows at a time. A batch's seed depends only on
+the run seed, the task and the batch index, so every policy and budget sees the same
+decoding and eviction seeds for the same rows. Evictions are synchronous across a batch
+(all rows evict at the same step), so a row's output can depend on its batch mates: the
+same seed and batch size give the same results; a different batch size may not.
+
+Finished samples are appended to `results.jsonl` after each batch; a rerun with the same
+settings skips every batch whose samples are all recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import torch
+
+from vase_triton.config import VaSEConfig
+from vase_triton.eval.extraction import extract_answer
+from vase_triton.eval.grading import DEFAULT_TIMEOUT_S, grade
+from vase_triton.eval.prompting import render_prompt
+from vase_triton.eval.tasks import Problem
+
+RESULTS_FILE = "results.jsonl"
+SETTINGS_FILE = "run.json"
+FULL = "full"
+
+
+class RunError(ValueError):
+    """An evaluation that cannot start; the message is one line meant for the user."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """Everything that decides a sample's result (recorded in `run.json`).
+
+    `sampling` holds the decoding overrides (`do_sample`, `temperature`, `top_p`, `top_k`)
+    already merged with the model's generation config.
+    """
+
+    model: str
+    max_new_tokens: int
+    batch_size: int
+    window: int
+    seed: int
+    sampling: dict
+    grading_timeout_s: float = DEFAULT_TIMEOUT_S
+
+    def comparable(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One (policy, budget) cell; `budget` is None for the full cache."""
+
+    policy: str
+    budget: Optional[int]
+
+    def config(self, settings: EvalSettings, seed: int, largest_budget: int) -> VaSEConfig:
+        """The cache configuration; the full cache ignores its budget (sized by the generation instead)."""
+        budget = self.budget if self.budget is not None else largest_budget
+        return VaSEConfig(policy=self.policy, budget=budget, window=settings.window, seed=seed)
+
+
+def plan_runs(policies: Sequence[str], budgets: Sequence[int]) -> list[Run]:
+    """`full` once (no budget), every other policy at every budget."""
+    runs = [Run(FULL, None)] if FULL in policies else []
+    return runs + [Run(policy, budget) for policy in policies if policy != FULL for budget in budgets]
+
+
+def batch_seed(seed: int, task: str, batch_index: int) -> int:
+    """A seed in `[0, 2**31)` fixed by the run seed, the task and the batch index."""
+    digest = hashlib.sha256(f"{seed}/{task}/{batch_index}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def plan_batches(problems: Sequence[Problem], samples: int, batch_size: int) -> list[list[tuple[Problem, int]]]:
+    """Rows `(problem, sample)` in the order (sample, problem), cut into batches of `batch_size`."""
+    rows = [(problem, sample) for sample in range(samples) for problem in problems]
+    return [rows[start : start + batch_size] for start in range(0, len(rows), batch_size)]
+
+
+def sample_key(task: str, problem_id: str, policy: str, budget: Optional[int], sample: int) -> tuple:
+    return (task, problem_id, policy, budget, sample)
+
+
+def read_results(path: Path) -> list[dict]:
+    """Complete records of a results file; a torn last line (interrupted write) is dropped from the file."""
+    if not path.exists():
+        return []
+    records, valid_lines = [], []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        records.append(record)
+        valid_lines.append(line)
+    if len(valid_lines) != len(path.read_text(encoding="utf-8").splitlines()):
+        path.write_text("".join(line + "\n" for line in valid_lines), encoding="utf-8")
+    return records
+
+
+def check_settings(out_dir: Path, settings: EvalSettings) -> None:
+    """Record `settings` in `out_dir`, or refuse a directory holding results of other settings."""
+    path = out_dir / SETTINGS_FILE
+    current = settings.comparable()
+    if path.exists():
+        previous = json.loads(path.read_text(encoding="utf-8"))
+        changed = sorted(key for key in current if previous.get(key) != current[key])
+        if changed:
+            detail = "; ".join(f"{key}: {previous.get(key)!r} there, {current[key]!r} now" for key in changed)
+            raise RunError(f"--out: {out_dir} holds results of different settings ({detail}); use another --out")
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(current, indent=1) + "\n", encoding="utf-8")
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def generate_batch(model, tokenizer, prompts: Sequence[str], config: VaSEConfig, settings: EvalSettings, seed: int):
+    """Generate for a left-padded batch with a fresh static cache.
+
+    Returns `(new_ids, prompt_lengths, evictions, kv_bytes, seconds)`: `new_ids[b]` are row b's
+    generated ids up to and including its end-of-sequence token.
+    """
+    from vase_triton.integrations.hf_cache import VaSECache
+    from vase_triton.integrations.models import patched
+
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    tokenizer.padding_side = "left"  # the static cache reads prompt lengths from a left-padded mask
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    encoded = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=not has_template)
+    input_ids = encoded["input_ids"].to(model.device)
+    attention_mask = encoded["attention_mask"].to(model.device)
+    width = input_ids.shape[1]
+    eos_ids = _eos_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id
+    with patched(model, config):
+        cache = VaSECache.for_model(model, config, batch_size=len(prompts), max_length=width + settings.max_new_tokens)
+        torch.manual_seed(seed)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            output = model.generate(
+                input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=settings.max_new_tokens,
+                pad_token_id=pad_id, cache=cache, **settings.sampling,
+            )
+        if model.device.type == "cuda":
+            torch.cuda.synchronize(model.device)
+        seconds = time.perf_counter() - start
+    new_ids = []
+    for row in output[:, width:].tolist():
+        end = next((k + 1 for k, token in enumerate(row) if token in eos_ids), len(row))
+        new_ids.append(row[:end])
+    prompt_lengths = attention_mask.sum(dim=1).tolist()
+    return new_ids, prompt_lengths, cache.n_evictions, cache.memory_bytes, seconds
+
+
+def _records(batch, run: Run, settings: EvalSettings, batch_index: int, seed: int, generated, tokenizer, eos_ids):
+    new_ids, prompt_lengths, evictions, kv_bytes, seconds = generated
+    for (problem, sample), ids, prompt_length in zip(batch, new_ids, prompt_lengths):
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        answer = extract_answer(text)
+        verdict = grade(answer, problem.answer, choices=problem.choices, timeout_s=settings.grading_timeout_s)
+        yield {
+            "task": problem.task, "id": problem.id, "policy": run.policy, "budget": run.budget,
+            "window": settings.window, "sample": sample, "seed": seed, "batch": batch_index,
+            "batch_rows": len(batch), "prompt_tokens": int(prompt_length), "output_tokens": len(ids),
+            "finished": bool(ids) and ids[-1] in eos_ids, "evictions": evictions, "kv_bytes": kv_bytes,
+            "answer": answer, "gold": problem.answer, "correct": verdict.correct, "grading": verdict.method,
+            "trace_exact": None if problem.reference is None else text.strip() == problem.reference.strip(),
+            "seconds": round(seconds, 4), "output": text,
+        }
+
+
+def pending_work(
+    problems_by_task: dict[str, list[Problem]], runs: Sequence[Run], samples: int, batch_size: int, done: set
+) -> Iterator[tuple[str, Run, int, list]]:
+    """`(task, run, batch_index, batch)` for every batch with at least one unrecorded sample."""
+    for task, problems in problems_by_task.items():
+        batches = plan_batches(problems, samples, batch_size)
+        for run in runs:
+            for index, batch in enumerate(batches):
+                keys = [sample_key(task, p.id, run.policy, run.budget, s) for p, s in batch]
+                if not all(key in done for key in keys):
+                    yield task, run, index, batch
+
+
+def run_eval(
+    model, tokenizer, problems_by_task: dict[str, list[Problem]], *, policies: Sequence[str], budgets: Sequence[int],
+    samples: int, settings: EvalSettings, out_dir: Path, progress: bool = True,
+) -> Path:
+    """Run (or resume) every pending sample; returns the path of `results.jsonl`."""
+    out_dir = Path(out_dir)
+    check_settings(out_dir, settings)
+    results_path = out_dir / RESULTS_FILE
+    done = {
+        sample_key(r["task"], r["id"], r["policy"], r["budget"], r["sample"]) for r in read_results(results_path)
+    }
+    runs = plan_runs(policies, budgets)
+    work = list(pending_work(problems_by_task, runs, samples, settings.batch_size, done))
+    total = sum(len(problems) for problems in problems_by_task.values()) * samples * len(runs)
+    largest_budget = max(budgets)
+    eos_ids = _eos_ids(model, tokenizer)
+    bar = _progress_bar(total, total - sum(len(batch) for *_, batch in work), progress)
+    try:
+        for task, run, batch_index, batch in work:
+            bar.set_description(f"{task} {run.policy} {run.budget or 'full'}")
+            seed = batch_seed(settings.seed, task, batch_index)
+            config = run.config(settings, seed, largest_budget)
+            prompts = [render_prompt(tokenizer, problem) for problem, _ in batch]
+            generated = generate_batch(model, tokenizer, prompts, config, settings, seed)
+            lines = []
+            for record in _records(batch, run, settings, batch_index, seed, generated, tokenizer, eos_ids):
+                key = sample_key(task, record["id"], run.policy, run.budget, record["sample"])
+                if key not in done:
+                    lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+                    done.add(key)
+            with results_path.open("a", encoding="utf-8") as handle:
+                handle.writelines(lines)
+            bar.update(len(batch))
+    finally:
+        bar.close()
+    return results_path
+
+
+class _NoProgress:
+    def set_description(self, text: str) -> None:
+        pass
+
+    def update(self, count: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(total: int, initial: int, enabled: bool):
+    if not enabled:
+        return _NoProgress()
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="sample", dynamic_ncols=True)

@@ -1,0 +1,71 @@
+"""`vase-triton generate` without `--model`: one testbed problem, full cache and an evicting cache side by side."""
+
+from __future__ import annotations
+
+import torch
+
+from vase_triton.commands.common import format_bytes
+from vase_triton.config import VaSEConfig
+from vase_triton.eval.extraction import extract_answer
+from vase_triton.eval.prompting import render_prompt
+from vase_triton.eval.runner import EvalSettings, generate_batch
+from vase_triton.testbed.harness import SEQUENCE_TOKENS, testbed_problems
+from vase_triton.testbed.model import load_testbed
+from vase_triton.testbed.task import MAX_STEPS, USED_NAMES, step_token
+
+STEP_WORDS = frozenset(step_token(step, name) for step in range(MAX_STEPS) for name in USED_NAMES)
+
+
+def _trace_verdict(output: str, reference: str) -> str:
+    """`exact`, or the step of the first word that differs from the reference trace."""
+    produced, expected = output.split(), reference.split()
+    for index, (got, want) in enumerate(zip(produced, expected)):
+        if got != want:
+            return f"wrong from step {sum(word in STEP_WORDS for word in expected[: index + 1]) - 1}"
+    return "exact" if len(produced) == len(expected) else f"{len(produced)} words, {len(expected)} expected"
+
+
+def side_by_side(config: VaSEConfig, *, problem_index: int, max_new_tokens: int, device, dtype: torch.dtype) -> None:
+    """Solve held-out problem `problem_index` with the full cache and with `config`; print both."""
+    model, tokenizer = load_testbed(device=device, dtype=dtype)
+    problem = testbed_problems(problem_index + 1)[problem_index]
+    prompt = render_prompt(tokenizer, problem)
+    settings = EvalSettings(
+        model="testbed", max_new_tokens=max_new_tokens, batch_size=1, window=config.window, seed=config.seed,
+        sampling={"do_sample": False},
+    )
+    runs = [("full cache", config.replace(policy="full")), (config.policy, config)]
+    results = []
+    for label, run_config in runs:
+        new_ids, _, evictions, kv_bytes, _ = generate_batch(model, tokenizer, [prompt], run_config, settings, config.seed)
+        text = tokenizer.decode(new_ids[0], skip_special_tokens=True)
+        results.append((label, run_config, text, extract_answer(text), evictions, kv_bytes))
+
+    words = problem.question.split()
+    reads = [word for word in problem.reference.split() if word in STEP_WORDS]
+    read_names = {word.split(":")[1] for word in reads}
+    needed = " ".join(word for word in words if word.split("=")[0] in read_names)
+    print(f"testbed problem {problem_index} (held-out), {len(words)} prompt words; the facts its steps read: {needed}")
+    print(f"question: {' '.join(words[:12])} ... {' '.join(words[-6:])}")
+    print(f"expected answer: {problem.answer} after {len(reads)} steps")
+    print("")
+    print(f"{'':18}" + "".join(f"{label:>32}" for label, *_ in results))
+    rows = {
+        "cache": [
+            "all tokens" if c.policy == "full" else f"budget {c.budget} + window {c.window} ({SEQUENCE_TOKENS / c.budget:.1f}x)"
+            for _, c, *_ in results
+        ],
+        "answer": [
+            "none" if answer is None else f"{answer} ({'right' if answer == problem.answer else 'wrong'})"
+            for _, _, _, answer, *_ in results
+        ],
+        "trace": [_trace_verdict(text, problem.reference) for _, _, text, *_ in results],
+        "KV memory": [format_bytes(kv) for *_, kv in results],
+        "evictions": [f"{ev} per layer" for *_, ev, _ in results],
+    }
+    for name, values in rows.items():
+        print(f"{name:18}" + "".join(f"{value:>32}" for value in values))
+    print("")
+    for label, _, text, *_ in results:
+        steps = text.split()
+        print(f"{label}: {' '.join(steps[:8])} ... {' '.join(steps[-6:])}")
