@@ -18,13 +18,14 @@ measures, at every eviction of every layer and KV head:
   distributions over the candidates `vase` samples from (pooled attention, after sinks
   and value-protected tokens), i.e. the distance between the first draws of the two.
 
-    python benchmarks/score_mode_agreement.py [--model tiny|PATH] [--tokens 1200] [--budget 256]
+    python benchmarks/score_mode_agreement.py [--model testbed|tiny|PATH] [--tokens 1200] [--budget 256]
 
 The model runs once with full attention (greedy), its post-RoPE queries, keys and values
 are captured, and two cache layers (one per mode) replay them token by token, kept in the
 same state (both evict what `emitted` chooses) so that every eviction compares the modes
-on identical caches. `tiny` is the built-in random model; pass a local checkpoint
-directory (a transformers causal LM) for a trained one.
+on identical caches. `testbed` is the trained testbed model on held-out problems (its
+whole trace), `tiny` the built-in random model; a local checkpoint directory (a
+transformers causal LM) works too.
 """
 
 from __future__ import annotations
@@ -123,7 +124,15 @@ def replay(captured, prompt_len: int, budget: int, window: int) -> tuple[list[fl
 
 
 def load(model_name: str, seed: int):
-    """(model, token ids of a prompt) for `tiny` or a local checkpoint directory."""
+    """(model, token ids of a prompt) for `testbed`, `tiny` or a local checkpoint directory."""
+    if model_name == "testbed":
+        from vase_triton.eval.prompting import render_prompt
+        from vase_triton.testbed.harness import testbed_problems
+        from vase_triton.testbed.model import load_testbed
+
+        model, tokenizer = load_testbed()
+        problem = testbed_problems(seed + 1)[seed]
+        return model, tokenizer(render_prompt(tokenizer, problem), return_tensors="pt")["input_ids"]
     if model_name == "tiny":
         from vase_triton.demo_model import ByteTokenizer, tiny_qwen3
 
@@ -149,27 +158,35 @@ def summarise(values: list[float], tail: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny", help="'tiny' (built-in random Qwen3) or a local checkpoint dir")
+    parser.add_argument("--model", default="testbed",
+                        help="'testbed' (the trained testbed model), 'tiny' (built-in random Qwen3) or a local checkpoint dir")
     parser.add_argument("--tokens", type=int, default=1200, help="total tokens (prompt + greedy continuation)")
     parser.add_argument("--budget", type=int, nargs="+", default=[128, 256])
     parser.add_argument("--window", type=int, default=32)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random model seed, or the first held-out testbed problem")
+    parser.add_argument("--sequences", type=int, default=1, help="sequences (seeds seed, seed + 1, ...) pooled")
     args = parser.parse_args()
-    model, input_ids = load(args.model, args.seed)
-    with torch.no_grad():
-        sequence = model.generate(
-            input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max(1, args.tokens - input_ids.shape[1]), do_sample=False,
-        )
-    captured = capture_attention_inputs(model, sequence)
-    prompt_len = input_ids.shape[1]
-    print(f"model {args.model}: {len(captured)} layers, {sequence.shape[1]} tokens, window {args.window}\n")
+    runs = []
+    for seed in range(args.seed, args.seed + args.sequences):
+        model, input_ids = load(args.model, seed)
+        with torch.no_grad():
+            sequence = model.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=max(1, args.tokens - input_ids.shape[1]), do_sample=False,
+            )
+        runs.append((capture_attention_inputs(model, sequence), input_ids.shape[1], sequence.shape[1]))
+    lengths = sorted({length for _, _, length in runs})
+    print(f"model {args.model}: {len(runs[0][0])} layers, {len(runs)} sequence(s) of {lengths[0]}-{lengths[-1]} "
+          f"tokens, window {args.window}\n")
     print("| budget | evictions x heads | top-k agreement: mean / p10 / min | TV distance: mean / p90 / max |")
     print("|---:|---:|---|---|")
     for budget in args.budget:
-        agreements, distances = replay(captured, prompt_len, budget, args.window)
+        agreements, distances = [], []
+        for captured, prompt_len, _ in runs:
+            run_agreements, run_distances = replay(captured, prompt_len, budget, args.window)
+            agreements += run_agreements
+            distances += run_distances
         print(f"| {budget} | {len(agreements)} | {summarise(agreements, 0.1)} | {summarise(distances, 0.9)} |")
-
 
 if __name__ == "__main__":
     main()

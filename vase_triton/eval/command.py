@@ -25,7 +25,7 @@ from vase_triton.commands.common import (
     resolve_dtype,
     sampling_settings,
 )
-from vase_triton.config import VaSEConfig
+from vase_triton.config import SCORE_MODES, VaSEConfig
 from vase_triton.policies import POLICIES
 
 DEFAULT_WINDOW = VaSEConfig().window
@@ -81,6 +81,8 @@ def add_eval_command(commands) -> None:
     parser.add_argument("--budgets", type=_int_list,
                         help="comma-separated budgets in tokens (default 1024,2048,4096; testbed: 2x,4x,8x)")
     parser.add_argument("--window", type=positive_int, help=f"recent/observation window (default {DEFAULT_WINDOW}; 16 for the testbed)")
+    parser.add_argument("--score-mode", default=VaSEConfig().score_mode, choices=SCORE_MODES,
+                        help="window attention of vase/snapkv/rkv: recompute (the paper's, default) or emitted")
     parser.add_argument("--samples", type=positive_int, help="samples per problem (default 8; 1 for the testbed)")
     parser.add_argument("--max-new-tokens", type=positive_int, help="generation limit (default 32768)")
     parser.add_argument("--batch-size", type=positive_int, help="rows generated together (default 16; 64 for the testbed)")
@@ -155,7 +157,7 @@ def run_eval_command(args) -> int:
     for policy in args.policies:
         for budget in plan.budgets:
             try:
-                VaSEConfig(policy=policy, budget=budget, window=plan.window)
+                VaSEConfig(policy=policy, budget=budget, window=plan.window, score_mode=args.score_mode)
             except (ValueError, TypeError) as error:
                 raise CommandError(f"--budgets: {budget} with {policy!r}: {error}") from None
     try:
@@ -177,7 +179,7 @@ def run_eval_command(args) -> int:
     settings = EvalSettings(
         model=plan.label, max_new_tokens=plan.max_new_tokens, batch_size=plan.batch_size, window=plan.window,
         seed=args.seed, sampling=sampling_settings(model, args.temperature, args.top_p, args.top_k),
-        grading_timeout_s=args.grading_timeout,
+        grading_timeout_s=args.grading_timeout, score_mode=args.score_mode,
     )
     try:
         results = run_eval(

@@ -52,6 +52,7 @@ class EvalSettings:
     seed: int
     sampling: dict
     grading_timeout_s: float = DEFAULT_TIMEOUT_S
+    score_mode: str = VaSEConfig().score_mode
 
     def comparable(self) -> dict:
         return dataclasses.asdict(self)
@@ -67,7 +68,9 @@ class Run:
     def config(self, settings: EvalSettings, seed: int, largest_budget: int) -> VaSEConfig:
         """The cache configuration; the full cache ignores its budget (sized by the generation instead)."""
         budget = self.budget if self.budget is not None else largest_budget
-        return VaSEConfig(policy=self.policy, budget=budget, window=settings.window, seed=seed)
+        return VaSEConfig(
+            policy=self.policy, budget=budget, window=settings.window, seed=seed, score_mode=settings.score_mode
+        )
 
 
 def plan_runs(policies: Sequence[str], budgets: Sequence[int]) -> list[Run]:
