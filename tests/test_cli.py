@@ -22,10 +22,11 @@ def test_generate_on_builtin_testbed_compares_full_cache_and_policy(capsys, monk
     monkeypatch.setenv("VASE_BACKEND", "torch")
     assert main(["generate", "--policy", "h2o", "--seed", "3"]) == 0
     out = capsys.readouterr().out
-    from vase_triton.testbed.harness import testbed_problems
+    from vase_triton.testbed.harness import compression_budget, testbed_problems
+    from vase_triton.testbed.task import DEFAULT_STEPS
 
     expected = testbed_problems(4)[3].answer
-    assert f"expected answer: {expected} after 128 steps" in out
+    assert f"expected answer: {expected} after {DEFAULT_STEPS} steps" in out
     assert "full cache" in _row(out, " ") and "h2o" in _row(out, " ")
     verdicts = re.findall(r"(\d+) \((right|wrong)\)|none", _row(out, "answer"))
     assert len(verdicts) == 2
@@ -33,7 +34,7 @@ def test_generate_on_builtin_testbed_compares_full_cache_and_policy(capsys, monk
         assert verdict == ("" if not value else "right" if value == expected else "wrong")
     evictions = _row(out, "evictions").split()
     assert evictions[1] == "0" and int(evictions[4]) > 0
-    assert "budget 82 + window 16 (4.0x)" in _row(out, "cache")
+    assert f"budget {compression_budget(4)} + window 16 (4.0x)" in _row(out, "cache")
 
 
 # A Qwen3-style template: thinking on unless `enable_thinking=False` (then an empty think block).

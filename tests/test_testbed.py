@@ -7,19 +7,20 @@ import random
 import pytest
 
 from vase_triton.testbed.task import (
-    DEFAULT_STEPS, END_THINK, FACT_NAMES, MODULUS, PROMPT_TOKENS, USED_NAMES, heldout_problems, make_problem, parse_facts,
+    DEFAULT_STEPS, END_THINK, FACT_NAMES, FACT_VALUES, PROMPT_TOKENS, USED_NAMES, heldout_problems, make_problem,
+    parse_facts, threshold,
 )
 
 
 def _steps(problem):
-    """`(step, name, running sum)` of every step, read back from the trace words."""
+    """`(step, name, count)` of every step, read back from the trace words."""
     words = problem.trace
     body = words[: words.index(END_THINK)]
-    return [(int(head.split(":")[0]), head.split(":")[1], int(total)) for head, total in zip(body[0::2], body[1::2])]
+    return [(int(head.split(":")[0]), head.split(":")[1], int(count)) for head, count in zip(body[0::2], body[1::2])]
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_trace_is_the_running_sum_of_the_prompt_facts(seed):
+def test_trace_counts_the_steps_whose_fact_is_above_the_threshold(seed):
     problem = make_problem(random.Random(seed))
     assert len(problem.prompt) == PROMPT_TOKENS
     facts = parse_facts(problem.prompt)
@@ -28,28 +29,32 @@ def test_trace_is_the_running_sum_of_the_prompt_facts(seed):
     steps = _steps(problem)
     assert [step for step, _, _ in steps] == list(range(DEFAULT_STEPS))
     previous = 0
-    for step, name, total in steps:
+    for step, name, count in steps:
         assert name in USED_NAMES
-        assert total == (previous + facts[name]) % MODULUS
-        previous = total
+        assert count == previous + (facts[name] > threshold(step))
+        previous = count
     assert problem.answer == previous
     assert problem.trace[-1] == "\\boxed{" + str(previous) + "}"
     assert not any("=" in word for word in problem.trace)
 
 
-def test_reads_move_one_or_two_places_and_every_read_fact_recurs_within_six_steps():
+def test_thresholds_take_every_value_once():
+    assert sorted(threshold(step) for step in range(DEFAULT_STEPS)) == list(range(FACT_VALUES))
+
+
+def test_each_block_of_four_steps_reads_every_used_fact_once_in_an_order_set_by_the_count():
     for problem in heldout_problems(50):
         steps = _steps(problem)
-        positions = [USED_NAMES.index(name) for _, name, _ in steps]
-        assert positions[0] == 0
-        for (step, _, _), (_, _, previous_total), before, after in zip(steps[1:], steps, positions, positions[1:]):
-            assert (after - before) % len(USED_NAMES) == 1 + (previous_total + step) % 2
+        counts = [0] + [count for _, _, count in steps]
+        for start in range(0, DEFAULT_STEPS, len(USED_NAMES)):
+            names = [name for _, name, _ in steps[start : start + len(USED_NAMES)]]
+            first = USED_NAMES.index(names[0])
+            assert first == counts[start] % len(USED_NAMES)
+            assert names == [USED_NAMES[(first + k) % len(USED_NAMES)] for k in range(len(USED_NAMES))]
         last_seen = {}
         for step, name, _ in steps:
-            if name in last_seen:
-                assert step - last_seen[name] <= 6
+            assert step - last_seen.get(name, step - 1) <= 2 * len(USED_NAMES) - 1
             last_seen[name] = step
-        assert len(last_seen) >= 3
 
 
 def test_heldout_stream_is_fixed_and_apart_from_training_streams():
@@ -94,3 +99,47 @@ def test_shipped_model_solves_heldout_problems_with_a_full_cache(monkeypatch):
     answers = [extract_answer(tokenizer.decode(ids, skip_special_tokens=True)) for ids in new_ids]
     correct = sum(answer == problem.answer for answer, problem in zip(answers, problems))
     assert correct >= 0.9 * len(problems), f"{correct}/{len(problems)} right"
+
+
+def test_noise_hides_only_the_counts_whose_fact_the_query_can_no_longer_see():
+    import torch
+
+    from vase_triton.testbed.tokenizer import build_tokenizer
+    from vase_triton.testbed.train import encode_batch, eviction_noise_mask, mask_unseeable_labels
+
+    tokenizer = build_tokenizer()
+    problems = heldout_problems(4)
+    input_ids, labels, fact_positions = encode_batch(tokenizer, problems)
+    for row, problem in enumerate(problems):
+        facts = {word.split("=")[0]: word for word in problem.prompt if "=" in word}
+        for position in (fact_positions[row] >= 0).nonzero().flatten().tolist():
+            step_word, fact_word = tokenizer.convert_ids_to_tokens(
+                [input_ids[row, position - 1].item(), input_ids[row, fact_positions[row, position].item()].item()]
+            )
+            assert fact_word == facts[step_word.split(":")[1]]
+    mask = eviction_noise_mask(4, input_ids.shape[1], 1.0, torch.Generator().manual_seed(1))
+    masked = mask_unseeable_labels(labels, fact_positions, mask)
+    hidden = 0
+    for row in range(4):
+        for position in range(input_ids.shape[1]):
+            fact = fact_positions[row, position].item()
+            seen = fact < 0 or bool(mask[row, 0, position - 1, fact])
+            assert (masked[row, position] == labels[row, position]).item() == seen
+            if not seen:
+                assert masked[row, position].item() == -100
+                hidden += 1
+    assert 0 < hidden < (fact_positions >= 0).sum().item()
+
+
+def test_shipped_model_reads_each_step_fact_from_the_prompt_not_from_its_trace():
+    """With the used facts changed in the prompt and the old trace fed back, the counts follow the new facts."""
+    from benchmarks.testbed_counterfactual import STEP_SPANS, measure
+    from vase_triton.testbed.model import load_testbed
+
+    model, tokenizer = load_testbed()
+    tally, (right, total) = measure(model, tokenizer, heldout_problems(16), seed=1)
+    assert right == total
+    follows_new = sum(tally[span]["new"] for span in STEP_SPANS)
+    disputed = sum(sum(tally[span].values()) for span in STEP_SPANS)
+    assert disputed > 300
+    assert follows_new >= 0.9 * disputed, f"{follows_new}/{disputed} counts follow the new prompt"

@@ -1,23 +1,21 @@
-"""The testbed task: a long running sum over a few facts hidden among many distractors.
+"""The testbed task: a count of threshold tests over a few facts hidden among many distractors.
 
-A problem is a prompt of `PROMPT_TOKENS` words holding sixteen facts (`a=7`, `k=2`, ...)
-scattered at random among filler words, then a worked trace of `steps` steps. Step `t`
-names one of the four facts `a`, `b`, `c`, `d` (word `t:name`) and writes the running sum,
-mod 100, after adding that fact's digit. Step 0 names `a`; step `t` moves
-`1 + (sum + t) % 2` places on along `a b c d a ...` from the previous name, so the order
-of the reads depends on the sums and the step, and the trace never repeats itself:
+A problem is a prompt of `PROMPT_TOKENS` words holding sixteen facts (`a=57`, `k=3`, ...,
+values 0-99) scattered at random among filler words, then a worked trace of `steps` steps.
+Step `t` names one of the four facts `a`, `b`, `c`, `d` (word `t:name`) and writes the
+count, so far, of steps whose fact was above that step's threshold `threshold(t)` (a
+fixed permutation of 0-99 over the steps, never written). The steps come in blocks of
+four that read each of `a b c d` once, in the order `a b c d a ...` starting at the fact
+numbered `count % 4`, so the order depends on the facts and never repeats itself:
 
-    <bos> so e=3 a=7 then ... k=1 <think> 0:a 7 1:c 9 2:d 13 ... </think> \\boxed{63} <eos>
+    <bos> so e=38 a=71 then ... k=5 <think> 0:a 1 1:b 1 2:c 2 3:d 2 4:c 3 ... </think> \\boxed{51} <eos>
 
-The trace never writes a fact's digit, and each needed fact (four, or three when the
-moves keep skipping one) is read again every four steps on average and at most six steps
-(12 words) apart, from near the start of the sequence to its end, while the other 60
-prompt words and every trace word older than a step are never needed again. One wrong
-digit makes one step wrong and, through the running sum, the final answer.
-
-The digit of a fact also shows in the trace, as the difference of the two sums around an
-earlier step that read the same fact; a model can learn to read it from there instead of
-from the prompt.
+A step needs its fact's value, and nothing in the trace holds it: a step shows only
+whether one fact was above one threshold, and no (fact, threshold) pair comes twice.
+Each needed fact is read once per block, one to seven steps (two to fourteen words)
+apart, from the first step to the last, while the other 60 prompt words and every trace
+word older than a step are never needed again. One wrong test makes one count wrong and,
+through the count, the final answer.
 """
 
 from __future__ import annotations
@@ -28,23 +26,26 @@ from typing import Sequence
 
 FACT_NAMES = tuple("abcdefghijklmnop")
 USED_NAMES = FACT_NAMES[:4]
+FACT_VALUES = 100
 FILLER_WORDS = (
     "so", "then", "note", "thus", "also", "here", "now", "well", "next", "hence", "since", "given",
     "where", "while", "after", "before", "first", "again", "still", "yet", "once", "both", "each", "other",
     "more", "less", "same", "such", "only", "very", "just", "even",
 )
 PROMPT_TOKENS = 64
-MODULUS = 100
-DEFAULT_STEPS = 128
-MAX_STEPS = 128
+DEFAULT_STEPS = 100
+MAX_STEPS = 100
+# Step t tests against (THRESHOLD_STRIDE * t + THRESHOLD_OFFSET) % FACT_VALUES: each value once in 100 steps.
+THRESHOLD_STRIDE = 37
+THRESHOLD_OFFSET = 11
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 THINK, END_THINK = "<think>", "</think>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK, THINK, END_THINK)
 
 
-def fact_token(name: str, digit: int) -> str:
-    return f"{name}={digit}"
+def fact_token(name: str, value: int) -> str:
+    return f"{name}={value}"
 
 
 def step_token(step: int, name: str) -> str:
@@ -55,6 +56,11 @@ def answer_token(value: int) -> str:
     return "\\boxed{" + str(value) + "}"
 
 
+def threshold(step: int) -> int:
+    """The value step `step` compares its fact with (a permutation of 0-99 over steps 0-99)."""
+    return (THRESHOLD_STRIDE * step + THRESHOLD_OFFSET) % FACT_VALUES
+
+
 def trace_length(steps: int) -> int:
     """Words of a trace of `steps` steps: two a step, then `</think>` and the answer."""
     return 2 * steps + 2
@@ -63,10 +69,10 @@ def trace_length(steps: int) -> int:
 def vocabulary() -> list[str]:
     """Every word of the task, in id order (specials first, `<pad>` = 0)."""
     steps = [step_token(step, name) for step in range(MAX_STEPS) for name in USED_NAMES]
-    facts = [fact_token(name, digit) for name in FACT_NAMES for digit in range(10)]
-    numbers = [str(value) for value in range(MODULUS)]
-    answers = [answer_token(value) for value in range(MODULUS)]
-    return [*SPECIAL_TOKENS, *steps, *facts, *FILLER_WORDS, *numbers, *answers]
+    facts = [fact_token(name, value) for name in FACT_NAMES for value in range(FACT_VALUES)]
+    counts = [str(value) for value in range(MAX_STEPS + 1)]
+    answers = [answer_token(value) for value in range(MAX_STEPS + 1)]
+    return [*SPECIAL_TOKENS, *steps, *facts, *FILLER_WORDS, *counts, *answers]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,23 +88,29 @@ class Problem:
         return " ".join(self.prompt)
 
 
+def read_order(step: int, previous_index: int, count: int) -> int:
+    """The index in `USED_NAMES` of the fact step `step` reads."""
+    if step % len(USED_NAMES) == 0:
+        return count % len(USED_NAMES)
+    return (previous_index + 1) % len(USED_NAMES)
+
+
 def solve(facts: dict[str, int], steps: int) -> tuple[tuple[str, ...], int]:
-    """The trace words of `steps` steps over `facts` (without the closing words) and the final sum."""
+    """The trace words of `steps` steps over `facts` (without the closing words) and the final count."""
     if not 1 <= steps <= MAX_STEPS:
         raise ValueError(f"steps: expected 1 <= steps <= {MAX_STEPS}; got {steps}")
-    total, trace, index = 0, [], 0
+    count, trace, index = 0, [], 0
     for step in range(steps):
-        if step > 0:
-            index = (index + 1 + (total + step) % 2) % len(USED_NAMES)
+        index = read_order(step, index, count)
         name = USED_NAMES[index]
-        total = (total + facts[name]) % MODULUS
-        trace += [step_token(step, name), str(total)]
-    return tuple(trace), total
+        count += facts[name] > threshold(step)
+        trace += [step_token(step, name), str(count)]
+    return tuple(trace), count
 
 
 def make_problem(rng: random.Random, steps: int = DEFAULT_STEPS) -> Problem:
     """A random problem with `steps` steps, drawn from `rng`."""
-    facts = {name: rng.randrange(10) for name in FACT_NAMES}
+    facts = {name: rng.randrange(FACT_VALUES) for name in FACT_NAMES}
     fillers = [rng.choice(FILLER_WORDS) for _ in range(PROMPT_TOKENS - len(FACT_NAMES))]
     order = list(FACT_NAMES)
     rng.shuffle(order)
@@ -111,12 +123,12 @@ def make_problem(rng: random.Random, steps: int = DEFAULT_STEPS) -> Problem:
 
 
 def parse_facts(prompt: Sequence[str]) -> dict[str, int]:
-    """The fact digits stated in a prompt's words."""
+    """The fact values stated in a prompt's words."""
     facts = {}
     for word in prompt:
-        name, sep, digit = word.partition("=")
-        if sep and name in FACT_NAMES and digit.isdigit():
-            facts[name] = int(digit)
+        name, sep, value = word.partition("=")
+        if sep and name in FACT_NAMES and value.isdigit():
+            facts[name] = int(value)
     return facts
 
 

@@ -7,7 +7,9 @@ Two phases on freshly generated problems (`vase_triton.testbed.task`), loss on t
    `NOISE_SINKS` gets a random lifetime (at least `NOISE_WINDOW` queries, then an
    exponential tail whose mean is drawn per row), after which no later query sees it.
    The noise knows nothing of the task: it drops facts and filler alike, so the model
-   learns not to lean on tokens it does not need.
+   learns not to lean on tokens it does not need. A count whose fact the noise has
+   dropped is left out of the loss: nothing visible determines it, and training the
+   model to guess it would teach it to infer facts from its own trace.
 
 Everything is seeded from `--seed` and runs on one CPU thread by default, so a run
 reproduces its weights. Writes a transformers model directory (safetensors weights,
@@ -27,7 +29,7 @@ from pathlib import Path
 import torch
 
 from vase_triton.testbed.model import testbed_config
-from vase_triton.testbed.task import DEFAULT_STEPS, THINK, make_problem
+from vase_triton.testbed.task import DEFAULT_STEPS, END_THINK, THINK, make_problem
 from vase_triton.testbed.tokenizer import build_tokenizer
 
 NOISE_SINKS = 4
@@ -35,10 +37,12 @@ NOISE_WINDOW = 16
 NOISE_MEAN_LIFETIME = (8.0, 512.0)
 
 
-def encode_batch(tokenizer, problems) -> tuple[torch.Tensor, torch.Tensor]:
-    """`input_ids [B, T]` of whole problems and `labels [B, T]` (-100 outside the trace)."""
+def encode_batch(tokenizer, problems) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`input_ids [B, T]` of whole problems, `labels [B, T]` (-100 outside the trace) and
+    `fact_positions [B, T]`: for each count label, the position of the prompt fact its step
+    reads (-1 for every other position)."""
     think = tokenizer.convert_tokens_to_ids(THINK)
-    rows = []
+    rows, fact_rows = [], []
     for problem in problems:
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": problem.question}], add_generation_prompt=True, tokenize=False
@@ -46,6 +50,12 @@ def encode_batch(tokenizer, problems) -> tuple[torch.Tensor, torch.Tensor]:
         prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
         trace = tokenizer(" ".join(problem.trace), add_special_tokens=False)["input_ids"]
         rows.append(prompt + trace + [tokenizer.eos_token_id])
+        fact_at = {word.split("=")[0]: prompt.index(tokenizer.convert_tokens_to_ids(word)) for word in problem.prompt if "=" in word}
+        reads = [-1] * len(rows[-1])
+        steps = problem.trace[: problem.trace.index(END_THINK)]
+        for index in range(1, len(steps), 2):  # the count words; the word before each names its fact
+            reads[len(prompt) + index] = fact_at[steps[index - 1].split(":")[1]]
+        fact_rows.append(reads)
     width = len(rows[0])
     if any(len(row) != width for row in rows):
         raise ValueError("problems: expected equal lengths in a batch (same number of steps)")
@@ -53,7 +63,18 @@ def encode_batch(tokenizer, problems) -> tuple[torch.Tensor, torch.Tensor]:
     labels = input_ids.clone()
     first_trace = rows[0].index(think) + 1
     labels[:, :first_trace] = -100
-    return input_ids, labels
+    return input_ids, labels, torch.tensor(fact_rows)
+
+
+def mask_unseeable_labels(labels: torch.Tensor, fact_positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`labels [B, T]` with -100 wherever the step's fact is hidden from the query that predicts it.
+
+    `fact_positions [B, T]` comes from `encode_batch`; `mask [B, 1, T, T]` from `eviction_noise_mask`."""
+    batch, length = labels.shape
+    query = torch.arange(length).clamp(min=1) - 1  # the position whose logits predict each label
+    rows = torch.arange(batch).view(batch, 1)
+    visible = mask[rows, 0, query.view(1, length), fact_positions.clamp(min=0)]  # [B, T]
+    return labels.masked_fill((fact_positions >= 0) & ~visible, -100)
 
 
 def eviction_noise_mask(batch: int, length: int, noisy_fraction: float, generator: torch.Generator) -> torch.Tensor:
@@ -99,10 +120,11 @@ def train(args) -> dict:
         if step == args.plain_steps and args.plain_out:
             save(model, tokenizer, Path(args.plain_out), {"arguments": vars(args), "last": metrics})
         problems = [make_problem(data_rng, args.steps) for _ in range(args.batch_size)]
-        input_ids, labels = encode_batch(tokenizer, problems)
+        input_ids, labels, fact_positions = encode_batch(tokenizer, problems)
         mask = eviction_noise_mask(
             input_ids.shape[0], input_ids.shape[1], 0.5 if noisy else 0.0, noise_generator
         )
+        labels = mask_unseeable_labels(labels, fact_positions, mask)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, total, args.lr, args.warmup)
         logits = model(input_ids=input_ids, attention_mask=mask).logits
@@ -150,8 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m vase_triton.testbed.train", description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0, help="seed of the data, the initialisation and the noise")
     parser.add_argument("--out", required=True, help="output model directory")
-    parser.add_argument("--plain-steps", type=int, default=1500, help="optimiser steps without eviction noise")
-    parser.add_argument("--noise-steps", type=int, default=400, help="optimiser steps with eviction noise")
+    parser.add_argument("--plain-steps", type=int, default=3000, help="optimiser steps without eviction noise")
+    parser.add_argument("--noise-steps", type=int, default=600, help="optimiser steps with eviction noise")
     parser.add_argument("--plain-out", help="also save the model reached at the end of the plain phase here")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
