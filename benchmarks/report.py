@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from benchmarks.records import COPY, MATMUL, Record
+from benchmarks.records import COPY, MATMUL, CurvePoint, Record
 
 ABSENT = "absent"
 NOT_APPLICABLE = "—"
@@ -344,14 +344,12 @@ def curve_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
         header = ["method"] + [f"{length:,} tokens" for length in lengths] + ["cost growth (last / first)"]
         body = []
         for row in members:
-            points = {point.generated: point for point in row.record.curve}
-            cells = [row.record.provider]
-            for length in lengths:
-                point = points.get(length)
-                cells.append(ABSENT if point is None else f"{format_time(point.step_s)} · {point.tokens_per_s:,.0f} tok/s")
             steps = [point.step_s for point in row.record.curve]
-            cells.append(format_speedup(steps[-1] / steps[0]) if len(steps) > 1 else ABSENT)
-            body.append(cells)
+            body.append(
+                [row.record.provider]
+                + _cells_by_length(row, lengths, lambda p: f"{format_time(p.step_s)} · {p.tokens_per_s:,.0f} tok/s")
+                + [format_speedup(steps[-1] / steps[0]) if len(steps) > 1 else ABSENT]
+            )
         lines += _table(header, body, right_from=1) + [""]
         baselines = [p for p in dict.fromkeys(p for row in members for p in row.record.compare_to)]
         pairs = [(row, base) for row in members for base in baselines if base in row.record.compare_to]
@@ -367,20 +365,20 @@ def curve_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
             lines += _table(header, body, right_from=2) + [""]
         lines += ["Memory at each length: KV cache held · peak allocated device memory (CUDA only):", ""]
         header = ["method"] + [f"{length:,} tokens" for length in lengths]
-        body = []
-        for row in members:
-            points = {point.generated: point for point in row.record.curve}
-            cells = [row.record.provider]
-            for length in lengths:
-                point = points.get(length)
-                if point is None:
-                    cells.append(ABSENT)
-                else:
-                    peak = "" if point.peak_bytes is None else f" · {format_bytes(point.peak_bytes)}"
-                    cells.append(f"{format_bytes(point.kv_bytes)}{peak}")
-            body.append(cells)
+        body = [[row.record.provider] + _cells_by_length(row, lengths, _memory_cell) for row in members]
         lines += _table(header, body, right_from=1) + [""]
     return lines
+
+
+def _cells_by_length(row: Row, lengths: list[int], describe) -> list[str]:
+    """`describe(point)` for `row`'s curve point at each of `lengths`; `ABSENT` where it has none."""
+    points = {point.generated: point for point in row.record.curve}
+    return [ABSENT if length not in points else describe(points[length]) for length in lengths]
+
+
+def _memory_cell(point: CurvePoint) -> str:
+    peak = "" if point.peak_bytes is None else f" · {format_bytes(point.peak_bytes)}"
+    return f"{format_bytes(point.kv_bytes)}{peak}"
 
 
 def _run_summary(row: Row) -> str:

@@ -15,49 +15,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Callable
 
 import torch
 import triton
 
 from vase_triton.autotune import settings, store
 from vase_triton.autotune.device import SM90_PROFILE, DeviceProfile, current_cuda_profile
-from vase_triton.commands.common import CommandError, positive_int
+from vase_triton.commands.common import CommandError, choice, comma_list, positive_int
 
 DTYPE_CHOICES = ("bfloat16", "float16", "float32")
 SCORE_MODE_CHOICES = ("recompute", "emitted")
-
-
-def _list_of(parse: Callable[[str], object], expected: str) -> Callable[[str], list]:
-    def parse_list(text: str) -> list:
-        items = [item.strip() for item in text.split(",") if item.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {expected}; got {text!r}")
-        values = []
-        for item in items:
-            try:
-                values.append(parse(item))
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"expected a comma-separated list of {expected}; got {text!r}") from None
-        return list(dict.fromkeys(values))
-
-    return parse_list
-
-
-def _positive(item: str) -> int:
-    value = int(item)
-    if value < 1:
-        raise ValueError(item)
-    return value
-
-
-def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
-    def parse(item: str) -> str:
-        if item not in choices:
-            raise ValueError(item)
-        return item
-
-    return parse
 
 
 def _positive_seconds(text: str) -> float:
@@ -84,18 +51,18 @@ def add_autotune_command(subparsers) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--model", help="local model directory or hub id (only its config is read, no weights)")
     source.add_argument("--config", help="a model's config.json")
-    parser.add_argument("--batch", type=_list_of(_positive, "positive ints"), default=[1, 8, 32],
+    parser.add_argument("--batch", type=comma_list(positive_int, "positive ints"), default=[1, 8, 32],
                         help="batch sizes (default 1,8,32)")  # fmt: skip
-    parser.add_argument("--budget", type=_list_of(_positive, "positive ints"), default=[2048, 4096],
+    parser.add_argument("--budget", type=comma_list(positive_int, "positive ints"), default=[2048, 4096],
                         help="cache budgets (default 2048,4096)")  # fmt: skip
-    parser.add_argument("--prompt-len", type=_list_of(_positive, "positive ints"), default=[1024, 8192],
+    parser.add_argument("--prompt-len", type=comma_list(positive_int, "positive ints"), default=[1024, 8192],
                         help="prompt lengths (default 1024,8192)")  # fmt: skip
-    parser.add_argument("--dtype", type=_list_of(_choice(DTYPE_CHOICES), ", ".join(DTYPE_CHOICES)),
+    parser.add_argument("--dtype", type=comma_list(choice(DTYPE_CHOICES), ", ".join(DTYPE_CHOICES)),
                         default=["bfloat16"], help="dtypes (default bfloat16)")  # fmt: skip
     parser.add_argument("--window", type=positive_int, default=64, help="recent/observation window (default 64)")
     parser.add_argument("--score-mode", choices=SCORE_MODE_CHOICES, default="recompute",
                         help="how the eviction's window attention is obtained (default recompute)")  # fmt: skip
-    parser.add_argument("--kernels", type=_list_of(_choice(kernels), ", ".join(kernels)), default=list(kernels),
+    parser.add_argument("--kernels", type=comma_list(choice(kernels), ", ".join(kernels)), default=list(kernels),
                         help=f"kernels to tune, of {', '.join(kernels)} (default: all)")  # fmt: skip
     parser.add_argument("--time-limit", type=_positive_seconds,
                         help="start no new candidate after this many seconds (a later run resumes)")  # fmt: skip

@@ -159,11 +159,7 @@ class PrefillForwardSpace(KernelSpace):
         return forward_heuristic(shape)._asdict()
 
     def grid(self, shape: PrefillShape, profile: DeviceProfile) -> Iterator[dict]:
-        for block_m in _upto(self.BLOCK_M, max(16, _pow2(shape.q_len))):
-            for block_n in _upto(self.BLOCK_N, max(16, _pow2(shape.k_len))):
-                for num_warps in self.WARPS:
-                    for num_stages in self.STAGES:
-                        yield dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+        return _tile_grid(self, rows=shape.q_len, keys=shape.k_len)
 
     def estimate(self, params: dict, shape: PrefillShape) -> Resources:
         element, dim = _ELEMENT_BYTES[shape.dtype], shape.head_dim
@@ -177,6 +173,16 @@ class PrefillForwardSpace(KernelSpace):
         accumulator = block_m * dim if shape.values else 0
         live = (accumulator + 2 * block_m * block_n) / threads + block_m * dim * element / (4 * threads)
         return Resources(shared, int(30 + live))
+
+
+def _tile_grid(space: KernelSpace, *, rows: int, keys: int) -> Iterator[dict]:
+    """Every `(block_m, block_n, num_warps, num_stages)` of a `[rows] x [keys]` tiled space,
+    tiles no larger than the problem (rounded up to a power of two, at least 16)."""
+    for block_m in _upto(space.BLOCK_M, max(16, _pow2(rows))):
+        for block_n in _upto(space.BLOCK_N, max(16, _pow2(keys))):
+            for num_warps in space.WARPS:
+                for num_stages in space.STAGES:
+                    yield dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
 
 
 class PrefillScoresSpace(KernelSpace):
@@ -194,12 +200,7 @@ class PrefillScoresSpace(KernelSpace):
         return scores_heuristic(shape)._asdict()
 
     def grid(self, shape: ScoresShape, profile: DeviceProfile) -> Iterator[dict]:
-        rows = shape.window * (shape.q_heads // shape.kv_heads)
-        for block_m in _upto(self.BLOCK_M, max(16, _pow2(rows))):
-            for block_n in _upto(self.BLOCK_N, max(16, _pow2(shape.k_len))):
-                for num_warps in self.WARPS:
-                    for num_stages in self.STAGES:
-                        yield dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+        return _tile_grid(self, rows=shape.window * (shape.q_heads // shape.kv_heads), keys=shape.k_len)
 
     def estimate(self, params: dict, shape: ScoresShape) -> Resources:
         element, dim, threads = _ELEMENT_BYTES[shape.dtype], shape.head_dim, _threads(params)

@@ -12,7 +12,7 @@ import math
 import os
 import socket
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -35,24 +35,51 @@ class OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"vase-triton: error: {message} (see '{self.prog} --help')\n")
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer; got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer; got {value}")
-    return value
+def _int_at_least(low: int, expected: str):
+    """An argparse type: an integer `>= low`, with `expected` in its error message."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}; got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected {expected}; got {value}")
+        return value
+
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {value}")
-    return value
+positive_int = _int_at_least(1, "a positive integer")
+non_negative_int = _int_at_least(0, "an integer >= 0")
+
+
+def choice(choices: Sequence[str]):
+    """An item parser for `comma_list`: one of `choices`."""
+
+    def parse(item: str) -> str:
+        if item not in choices:
+            raise ValueError(item)
+        return item
+
+    return parse
+
+
+def comma_list(parse_item, expected: str):
+    """An argparse type: a non-empty comma-separated list, each item through `parse_item`
+    (which raises `ValueError` or `ArgumentTypeError` on a bad item), duplicates dropped."""
+
+    def parse(text: str) -> list:
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        try:
+            values = [parse_item(item) for item in items]
+        except (ValueError, argparse.ArgumentTypeError):
+            values = []
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {expected}; got {text!r}")
+        return list(dict.fromkeys(values))
+
+    return parse
 
 
 def finite_float(low: float = 0.0, high: float = math.inf):

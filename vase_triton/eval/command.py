@@ -9,13 +9,13 @@ problems at 2x, 4x and 8x compression.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
-from typing import Sequence
 
 from vase_triton.commands.common import (
     CommandError,
+    choice,
+    comma_list,
     finite_float,
     load_model,
     non_negative_int,
@@ -31,34 +31,6 @@ from vase_triton.policies import POLICIES
 DEFAULT_WINDOW = VaSEConfig().window
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers; got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers; got {text!r}")
-    return values
-
-
-def _name_list(choices: Sequence[str]):
-    def parse(text: str) -> list[str]:
-        names = [part.strip() for part in text.split(",") if part.strip()]
-        unknown = [name for name in names if name not in choices]
-        if not names or unknown:
-            raise argparse.ArgumentTypeError(f"expected comma-separated names from {', '.join(choices)}; got {text!r}")
-        return list(dict.fromkeys(names))
-
-    return parse
-
-
-def _task_list(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError(f"expected comma-separated task names or .jsonl paths; got {text!r}")
-    return list(dict.fromkeys(names))
-
-
 def add_eval_command(commands) -> None:
     from vase_triton.eval.tasks import HUB_TASKS
 
@@ -72,13 +44,13 @@ def add_eval_command(commands) -> None:
     )
     parser.add_argument("--model", help="local path or hub id of a Qwen3 / Qwen3-MoE / Qwen2 / Llama causal LM")
     parser.add_argument(
-        "--tasks", type=_task_list,
+        "--tasks", type=comma_list(str, "task names or .jsonl paths"),
         help=f"comma-separated: {', '.join(HUB_TASKS)}, testbed, or paths to .jsonl files "
         "(default: all hub tasks with --model, testbed without)",
     )
-    parser.add_argument("--policies", type=_name_list(policies), default=policies,
+    parser.add_argument("--policies", type=comma_list(choice(policies), ", ".join(policies)), default=policies,
                         help=f"comma-separated policies (default: all of {', '.join(policies)})")
-    parser.add_argument("--budgets", type=_int_list,
+    parser.add_argument("--budgets", type=comma_list(positive_int, "positive integers"),
                         help="comma-separated budgets in tokens (default 1024,2048,4096; testbed: 2x,4x,8x)")
     parser.add_argument("--window", type=positive_int, help=f"recent/observation window (default {DEFAULT_WINDOW}; 16 for the testbed)")
     parser.add_argument("--score-mode", default=VaSEConfig().score_mode, choices=SCORE_MODES,

@@ -242,20 +242,8 @@ def run_eval(
     return results_path
 
 
-class _NoProgress:
-    def set_description(self, text: str) -> None:
-        pass
-
-    def update(self, count: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def _progress_bar(total: int, initial: int, enabled: bool):
-    if not enabled:
-        return _NoProgress()
+    """A tqdm bar with an ETA on stderr; a disabled one does nothing."""
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, unit="sample", dynamic_ncols=True)
+    return tqdm(total=total, initial=initial, unit="sample", dynamic_ncols=True, disable=not enabled)
