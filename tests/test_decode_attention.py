@@ -178,6 +178,23 @@ def test_strided_cache_views_are_read_in_place(device):
     assert torch.equal(actual, expected) and torch.equal(scores_b, scores_a)
 
 
+@pytest.mark.parametrize("op_name", ["prefill_attention", "decode_attention", "candidate_attention", "append_", "evict_"])
+def test_mutated_op_arguments_have_no_default(op_name):
+    """torch 2.11 versions the arguments an op mutates by their schema position in the call's
+    own arguments, so a mutated argument left to its default raised IndexError there (seen on
+    an H200): each one must be passed explicitly."""
+    import vase_triton.ops.cache_append  # noqa: F401  (registers append_)
+    import vase_triton.ops.eviction  # noqa: F401  (registers evict_)
+
+    schema = getattr(torch.ops.vase_triton, op_name).default._schema
+    defaulted = [
+        argument.name
+        for argument in schema.arguments
+        if argument.alias_info is not None and argument.alias_info.is_write and argument.has_default_value()
+    ]
+    assert defaulted == [], f"{op_name}: mutated arguments with a default: {defaulted}"
+
+
 def test_public_op_runs_the_kernel(device):
     case = CASES[2]
     q, k, v, cache_lens = make_inputs(case, device, seed=5)

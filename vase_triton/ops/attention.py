@@ -69,11 +69,15 @@ def _decode_attention_op(
     cache_lens: torch.Tensor,
     scale: float,
     scores: Optional[torch.Tensor],
-    part_out: Optional[torch.Tensor] = None,
-    part_lse: Optional[torch.Tensor] = None,
-    logits: Optional[torch.Tensor] = None,
+    part_out: Optional[torch.Tensor],
+    part_lse: Optional[torch.Tensor],
+    logits: Optional[torch.Tensor],
 ) -> torch.Tensor:
-    """`part_out`, `part_lse`, `logits`: an optional preallocated split-K workspace (all or none)."""
+    """`part_out`, `part_lse`, `logits`: a preallocated split-K workspace, or three Nones.
+
+    Every argument is required: torch 2.11 indexes mutated arguments by schema position
+    and fails on a call that leaves a defaulted one out.
+    """
     if use_triton(q.device):
         from vase_triton.kernels.decode_attention import DecodeWorkspace, decode_attention_triton
 
@@ -83,7 +87,7 @@ def _decode_attention_op(
 
 
 @_decode_attention_op.register_fake
-def _decode_attention_fake(q, k_cache, v_cache, cache_lens, scale, scores, part_out=None, part_lse=None, logits=None):
+def _decode_attention_fake(q, k_cache, v_cache, cache_lens, scale, scores, part_out, part_lse, logits):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
@@ -239,7 +243,7 @@ def decode_attention(
         if not scores.is_contiguous():
             raise ValueError("scores: expected a contiguous tensor (it is updated in place); got a strided view")
     scale = _resolve_scale(scale, q.shape[-1])
-    return _decode_attention_op(q, k_cache, v_cache, cache_lens, scale, scores)
+    return _decode_attention_op(q, k_cache, v_cache, cache_lens, scale, scores, None, None, None)
 
 
 def candidate_attention(
