@@ -39,7 +39,7 @@ SETTING, METHODS = profiles.pick({
     "gpu": (
         DecodeSetting(QWEN3["Qwen3-8B"], 4, batch=16, prompt_tokens=256, new_tokens=16384,
                       checkpoints=GENERATED_LENGTHS[:5], time_limit_s=45.0),
-        [vase_method(2048), HF_DYNAMIC, HF_STATIC],
+        [HF_DYNAMIC, HF_STATIC, vase_method(2048)],
     ),
     "full": (
         DecodeSetting(QWEN3["Qwen3-8B"], 8, batch=16, prompt_tokens=256, new_tokens=32768,

@@ -6,7 +6,7 @@ decode attention write fp32 logits and add them into the scores) and the evictio
 closes it (`recompute` attends with the ring over the candidates first). `no observation`
 is the same period with `streaming`, which observes nothing: the floor both modes are
 measured against. On CUDA the period is captured in a CUDA graph and replayed (as compiled
-decoding runs it, host overhead excluded); on CPU it runs eagerly. The report divides by
+decoding runs it, host overhead excluded; `timing.graph_samples`); on CPU it runs eagerly. The report divides by
 `window` (cost per decode step).
 """
 
@@ -53,8 +53,7 @@ def test_eviction_period(benchmark, device, shape: CacheShape, mode: str):
     record = Record(
         SUITE, f"eviction period ({shape.window} decode steps + 1 eviction, vase)", mode, shape.name,
         compare_to=tuple(other for other in MODES if other != mode), per_step=shape.window,
-        details={"dtype": "bfloat16", "policy": config.policy, "score_mode": config.score_mode,
-                 "timing": "CUDA graph replay" if device.type == "cuda" else "eager"},
+        details={"dtype": "bfloat16", "policy": config.policy, "score_mode": config.score_mode},
     )  # fmt: skip
     timing.measure(benchmark, period, record, graph=True)
     period()

@@ -9,7 +9,8 @@ weights (greedy decoding; throughput does not depend on the weights), or a local
 checkpoint (`VASE_BENCH_CHECKPOINT`).
 
 A `StepClock` stopping criterion stamps every step (CUDA events on GPU, `perf_counter` on
-CPU), notes memory at the checkpoint lengths and can end a run at a wall-clock limit.
+CPU), notes memory at the checkpoint lengths and can end a run at a wall-clock limit (the
+run's curve then ends with a point at the length it stopped at).
 Before the timed run each method generates once with the same cache object (reset in
 between, nothing reallocated) so that compilation, CUDA-graph capture and the eviction
 kernels' first launch stay out of the timing.
@@ -144,7 +145,7 @@ def kv_cache_bytes(cache) -> int:
 
 
 class StepClock(StoppingCriteria):
-    """Stamps each generation step; notes memory at `checkpoints`; stops all rows past `time_limit_s`."""
+    """Stamps each generation step; notes memory at `checkpoints` and at a stop past `time_limit_s`."""
 
     def __init__(self, prompt_tokens: int, checkpoints, cache, device: torch.device, time_limit_s=None):
         self.prompt_tokens = prompt_tokens
@@ -167,14 +168,19 @@ class StepClock(StoppingCriteria):
             self.stamps.append(time.perf_counter())
         generated = input_ids.shape[1] - self.prompt_tokens
         if generated in self.checkpoints:
-            peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
-            self.memory[generated] = (kv_cache_bytes(self.cache), peak)
+            self._note_memory(generated)
         if self._stop is None:
             self._stop = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         if self.time_limit_s is not None and time.perf_counter() - self.started > self.time_limit_s:
             self.time_limited = True
+            if generated not in self.memory:  # the curve ends where the run got to
+                self._note_memory(generated)
             return torch.ones_like(self._stop)
         return self._stop
+
+    def _note_memory(self, generated: int) -> None:
+        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        self.memory[generated] = (kv_cache_bytes(self.cache), peak)
 
     def seconds_between_stamps(self) -> list[float]:
         """Durations of the steps after the first (the prefill step), in order."""
@@ -228,6 +234,10 @@ def generate_timed(model, method: Method, setting: DecodeSetting, device: torch.
     """Warm up, then run one timed greedy `generate()` of `setting` with `method`'s cache."""
     import vase_triton
 
+    if device.type == "cuda":
+        # Each method starts as in a fresh process: no compiled code, graphs or cached blocks of the last.
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
     gen = torch.Generator(device="cpu").manual_seed(0)
     vocab = model.config.vocab_size
     input_ids = torch.randint(1, vocab, (setting.batch, setting.prompt_tokens), generator=gen).to(device)

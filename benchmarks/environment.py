@@ -46,7 +46,8 @@ def describe(profile: str, roofline: Optional[dict[str, Any]]) -> dict[str, Any]
         "profile": profile,
         "versions": package_versions(),
         "timing": (
-            "triton.testing.do_bench: CUDA events, L2 flushed before each call"
+            "triton.testing.do_bench: CUDA events, L2 flushed before each call, around eager calls or "
+            "CUDA graph replays (each section says which)"
             if torch.cuda.is_available()
             else "time.perf_counter around each call"
         ),

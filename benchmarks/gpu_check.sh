@@ -8,7 +8,7 @@
 #
 # Time budget (seconds; the whole script stays under 8 minutes):
 #   environment                        ~5
-#   CUDA tests                         120  (limit)
+#   CUDA tests                         120  (limit; 8 processes with pytest-xdist)
 #   autotuning                          75  (limit) Qwen3-8B decode-time kernels, batch 16, budget 4096:
 #                                           the default-vs-tuned table and the stored file
 #   attention benchmarks                60  (limit) prefill + decode; roofline measured in the session
@@ -65,7 +65,11 @@ run_step() {
 } > "$out/environment.txt" 2>&1
 cat "$out/environment.txt"
 
-run_step tests 120 $python -m pytest -q -p no:cacheprovider -rfEs \
+# The GPU's host has many cores: pytest-xdist, when installed, spreads the tests (and their
+# Triton and inductor compilations) over 8 processes sharing the GPU.
+parallel=()
+$python -c "import xdist" 2>/dev/null && parallel=(-n 8)
+run_step tests 120 $python -m pytest -q -p no:cacheprovider -rfEs "${parallel[@]}" \
   tests/test_prefill_attention.py tests/test_decode_attention.py tests/test_candidate_attention.py \
   tests/test_attention_compile.py tests/test_cache_append.py tests/test_eviction_kernel.py tests/test_sampling.py \
   tests/test_cache_layer.py tests/test_observation_window.py tests/test_cache_static_memory.py \
@@ -94,10 +98,12 @@ run_step end_to_end "$left" $python -m pytest -q -p no:cacheprovider \
   benchmarks/bench_end_to_end.py --benchmark-json "$out/end_to_end.json"
 
 deadline=$(($(date +%s) + 20))
-results=$(ls "$out"/*.json 2>/dev/null)
-if [[ -n "$results" ]]; then
-  # shellcheck disable=SC2086
-  run_step report 20 $python -m benchmarks.report $results --out "$out"
+results=()
+for name in attention eviction end_to_end; do
+  [[ -f "$out/$name.json" ]] && results+=("$out/$name.json")
+done
+if ((${#results[@]})); then
+  run_step report 20 $python -m benchmarks.report "${results[@]}" --out "$out"
 else
   echo "== report: no benchmark JSON was written" | tee -a "$out/steps.txt"
   status=1

@@ -328,6 +328,9 @@ def kernel_section(suite: str, rows: Sequence[Row], index: RowIndex) -> list[str
     lines = [f"## {suite}", ""]
     if len(kernels) == 1:
         lines += [f"Kernel: {kernels[0]}.", ""]
+    timings = list(dict.fromkeys(row.record.details["timing"] for row in rows if row.record.details.get("timing")))
+    if timings:
+        lines += ["Timing: " + "; ".join(timings) + ".", ""]
     return lines + _table(header, body, right_from=first_number)
 
 

@@ -1,8 +1,11 @@
 """How the suites time their targets and hand the samples to pytest-benchmark.
 
 On CUDA a target is timed by `triton.testing.do_bench`: CUDA events around every call,
-the L2 cache flushed before each, every repetition kept. On CPU, `time.perf_counter`
-around each call. The samples are then *replayed* through the `benchmark` fixture, whose
+the L2 cache flushed before each, every repetition kept. Suites of work that runs under
+CUDA graphs in generation (decode steps) time replays of the target captured in a CUDA
+graph instead, so that the host's Python and launch overhead, which such replays do not
+pay, stay out. Each row states its method in `details["timing"]`. On CPU,
+`time.perf_counter` around each call. The samples are then *replayed* through the `benchmark` fixture, whose
 timer (`replay_clock`, set by the `REPLAYED` mark) advances only by the durations handed
 to it, so pytest-benchmark's `stats` — and `--benchmark-compare-fail` — describe the
 measured device times, not the host's view of asynchronous launches.
@@ -13,18 +16,25 @@ once per session, as the 100% that achieved rates are compared with.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import pytest
 import torch
 
 from benchmarks.records import Record
+from vase_triton.autotune.timing import capture_graph
 
 _clock = {"now": 0.0}
 _pending: list[float] = []
+
+EAGER_TIMING = "eager calls, triton.testing.do_bench: CUDA events, L2 flushed before each call"
+GRAPH_TIMING = "CUDA graph replays, triton.testing.do_bench: CUDA events, L2 flushed before each replay"
+UNCAPTURED_TIMING = EAGER_TIMING + " (the target could not be captured in a CUDA graph)"
+HOST_TIMING = "time.perf_counter around each call"
 
 # Copy: two 1 GiB bf16 buffers; matmul: [8192, 8192] @ [8192, 8192] in bf16.
 ROOFLINE_COPY_ELEMENTS = 1 << 29
@@ -65,15 +75,17 @@ def device_samples(target: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: 
     return [ms / 1e3 for ms in do_bench(target, warmup=warmup_ms, rep=rep_ms, return_mode="all")]
 
 
-def graph_samples(target: Callable[[], Any], *, rep_ms: float = 100) -> list[float]:
-    """Seconds per call of `target` captured in a CUDA graph and replayed (`do_bench_cudagraph`).
+def graph_samples(target: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 100) -> Optional[list[float]]:
+    """Seconds per replay of `target` captured once in a CUDA graph (`device_samples` of the replay).
 
-    The device work `target` enqueues is recorded once and replayed: host-side Python and
-    launch overhead are excluded, as under `torch.compile(mode="reduce-overhead")`.
+    The replay runs the device work `target` enqueued, without its host-side Python and
+    launch overhead, as under `torch.compile(mode="reduce-overhead")`; L2 is flushed before
+    each replay. None when `target` cannot be captured.
     """
-    from triton.testing import do_bench_cudagraph
-
-    return [ms / 1e3 for ms in do_bench_cudagraph(target, rep=rep_ms, return_mode="all")]
+    graph = capture_graph(target)
+    if graph is None:
+        return None
+    return device_samples(graph.replay, warmup_ms=warmup_ms, rep_ms=rep_ms)
 
 
 def host_samples(target: Callable[[], Any], rounds: int) -> list[float]:
@@ -90,9 +102,9 @@ def measure(benchmark, target: Callable[[], Any], record: Record, *, cpu_rounds:
     """Run `target` once and return its result (for the test's checks), then time it and record the row.
 
     With `--benchmark-disable` only the single call runs. On CUDA, `graph=True` times replays
-    of a CUDA graph of `target` (`graph_samples`) instead of eager calls. On CPU `cpu_rounds`
-    timed calls follow the first (smoke runs: a check that the row is produced, not a
-    measurement).
+    of a CUDA graph of `target` (`graph_samples`), or eager calls when it cannot be captured;
+    the row's `details["timing"]` says which. On CPU `cpu_rounds` timed calls follow the
+    first (smoke runs: a check that the row is produced, not a measurement).
     """
     if not benchmark.enabled:
         benchmark.extra_info.update(record.to_extra_info())
@@ -100,9 +112,13 @@ def measure(benchmark, target: Callable[[], Any], record: Record, *, cpu_rounds:
     result = target()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-        samples = graph_samples(target) if graph else device_samples(target)
+        samples = graph_samples(target) if graph else None
+        method = GRAPH_TIMING if samples is not None else UNCAPTURED_TIMING if graph else EAGER_TIMING
+        if samples is None:
+            samples = device_samples(target)
     else:
-        samples = host_samples(target, cpu_rounds)
+        samples, method = host_samples(target, cpu_rounds), HOST_TIMING
+    record = dataclasses.replace(record, details={**record.details, "timing": method})
     record_samples(benchmark, samples, record)
     return result
 

@@ -41,6 +41,9 @@ def _spread(median: float) -> list[float]:
     return [0.9 * median, 0.98 * median, median, 1.02 * median, 1.1 * median]
 
 
+GRAPHED = "CUDA graph replays"
+
+
 def synthetic_rows(decode_slowdown: float = 1.0) -> list[tuple[Record, list[float]]]:
     """Kernel and end-to-end rows with known medians (seconds)."""
     decode = DECODE + ("vase", "Qwen3-8B B16 C4160")
@@ -50,8 +53,10 @@ def synthetic_rows(decode_slowdown: float = 1.0) -> list[tuple[Record, list[floa
         (Record(*PREFILL, "vase+scores", "Qwen3-8B B1 T8192", flops=4e11, roofline=MATMUL,
                 compare_to=("sdpa", "flash-attn", "reference", "vase")), _spread(1.05e-3)),
         (Record(*PREFILL, "sdpa", "Qwen3-8B B1 T8192", flops=4e11, roofline=MATMUL), _spread(1.1e-3)),
-        (Record(*decode, bytes_moved=2.8e8, roofline=COPY, compare_to=("sdpa",)), _spread(1e-4 * decode_slowdown)),
-        (Record(*DECODE, "sdpa", "Qwen3-8B B16 C4160", bytes_moved=2.8e8, roofline=COPY), _spread(1.5e-4)),
+        (Record(*decode, bytes_moved=2.8e8, roofline=COPY, compare_to=("sdpa",), details={"timing": GRAPHED}),
+         _spread(1e-4 * decode_slowdown)),
+        (Record(*DECODE, "sdpa", "Qwen3-8B B16 C4160", bytes_moved=2.8e8, roofline=COPY,
+                details={"timing": GRAPHED}), _spread(1.5e-4)),
         (Record("eviction", "eviction vase", "vase", "Qwen3-8B B16 C4160", bytes_moved=1e8, roofline=COPY,
                 compare_to=("reference",), per_step=64, relative_to=decode), _spread(1.28e-4)),
         (Record(*E2E, "hf-dynamic", "Qwen3-8B (2 layers) B16 P256",
@@ -124,6 +129,9 @@ def test_speedups_and_absent_baselines(tmp_path):
                          "1.10x", "absent", "absent", "—"]  # fmt: skip
     assert "0.00x" not in text and "| 0.0 |" not in text
     assert "Smoke run" not in text
+    decode_section = text.split("## decode")[1].split("## ")[0]
+    assert f"Timing: {GRAPHED}." in decode_section
+    assert "Timing:" not in text.split("## prefill")[1].split("## ")[0]
 
 
 def test_end_to_end_ratios_per_length(tmp_path):

@@ -183,9 +183,6 @@ def test_mutated_op_arguments_have_no_default(op_name):
     """torch 2.11 versions the arguments an op mutates by their schema position in the call's
     own arguments, so a mutated argument left to its default raised IndexError there (seen on
     an H200): each one must be passed explicitly."""
-    import vase_triton.ops.cache_append  # noqa: F401  (registers append_)
-    import vase_triton.ops.eviction  # noqa: F401  (registers evict_)
-
     schema = getattr(torch.ops.vase_triton, op_name).default._schema
     defaulted = [
         argument.name

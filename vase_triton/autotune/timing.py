@@ -17,8 +17,9 @@ WARMUP_MS = 10
 REPEAT_MS = 40
 
 
-def _captured(launch: Callable[[], None]) -> Optional[torch.cuda.CUDAGraph]:
-    """`launch` captured into a CUDA graph (after one warm-up run on a side stream), or None."""
+def capture_graph(launch: Callable[[], object]) -> Optional[torch.cuda.CUDAGraph]:
+    """`launch` captured into a CUDA graph (after one warm-up run on a side stream), or None
+    when it cannot be captured (it synchronises with the host, say)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -36,6 +37,6 @@ def _captured(launch: Callable[[], None]) -> Optional[torch.cuda.CUDAGraph]:
 
 def gpu_median_ms(launch: Callable[[], None], warmup_ms: int = WARMUP_MS, repeat_ms: int = REPEAT_MS) -> float:
     """Median time in milliseconds of `launch` on the current CUDA device."""
-    graph = _captured(launch)
+    graph = capture_graph(launch)
     run = graph.replay if graph is not None else launch
     return float(triton.testing.do_bench(run, warmup=warmup_ms, rep=repeat_ms, return_mode="median"))

@@ -1,0 +1,75 @@
+"""The end-to-end benchmark's step clock: stamps, memory at checkpoints, and a run stopped by
+its time limit, whose curve must still end where it got to (an H200 run once stopped a slow
+method before its first checkpoint and lost the whole curve)."""
+
+from __future__ import annotations
+
+import statistics
+import types
+
+import pytest
+import torch
+
+from benchmarks import decoding
+from benchmarks.decoding import StepClock, curve
+
+PROMPT = 5
+BATCH = 2
+
+
+class FakeTime:
+    """A `time` module whose `perf_counter` returns what the test sets."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def drive(clock: StepClock, fake: FakeTime, durations: list[float]) -> int:
+    """Call `clock` as generate would, once per new token, step `i` lasting `durations[i]`;
+    return the number of calls made before it asked to stop (all of them if it never did)."""
+    for step, duration in enumerate(durations, start=1):
+        stop = clock(torch.zeros(BATCH, PROMPT + step, dtype=torch.long), None)
+        if bool(stop.all()):
+            return step
+        fake.now += duration
+    return len(durations)
+
+
+@pytest.fixture
+def fake_time(monkeypatch) -> FakeTime:
+    fake = FakeTime()
+    monkeypatch.setattr(decoding, "time", fake)
+    return fake
+
+
+def test_time_limited_run_ends_its_curve_where_it_stopped(fake_time):
+    durations = [0.001 * (1 + step % 7) for step in range(200)]
+    cache = types.SimpleNamespace(memory_bytes=4096)
+    limit = sum(durations[:40]) - 1e-9
+    clock = StepClock(PROMPT, (8, 16, 32, 64), cache, torch.device("cpu"), time_limit_s=limit)
+
+    stopped_at = drive(clock, fake_time, durations)
+
+    assert clock.time_limited and stopped_at == 41
+    assert sorted(clock.memory) == [8, 16, 32, 41]
+    step_seconds = clock.seconds_between_stamps()
+    assert step_seconds == pytest.approx(durations[:40])
+    points = curve(step_seconds, clock.memory, BATCH)
+    assert [point.generated for point in points] == [8, 16, 32, 41]
+    for point in points:
+        expected = statistics.median(durations[: point.generated - 1])
+        assert point.step_s == pytest.approx(expected)
+        assert point.tokens_per_s == pytest.approx(BATCH / expected)
+        assert point.kv_bytes == 4096
+
+
+def test_run_within_its_limit_notes_only_the_checkpoints(fake_time):
+    durations = [0.002] * 50
+    clock = StepClock(PROMPT, (8, 16, 32, 64), types.SimpleNamespace(memory_bytes=1), torch.device("cpu"), 10.0)
+
+    assert drive(clock, fake_time, durations) == 50
+    assert not clock.time_limited
+    assert sorted(clock.memory) == [8, 16, 32]
