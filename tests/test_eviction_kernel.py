@@ -276,7 +276,7 @@ def test_custom_op_schema_and_fake(device: torch.device) -> None:
         *cache_of(state), state["importance"], state["noise"],
         case.budget, case.window, case.n_sink, case.n_protect, case.temperature, 7, False, case.trigger,
     )
-    torch.library.opcheck(_evict_op, args, test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(_evict_op.op, args, test_utils=("test_schema", "test_faketensor"))
 
 
 BAD_ARGUMENTS = [

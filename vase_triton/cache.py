@@ -36,7 +36,7 @@ import torch
 from vase_triton.cache_tensors import CacheTensors
 from vase_triton.config import VaSEConfig
 from vase_triton.ops import append_, evict_, prefill_attention
-from vase_triton.ops.attention import decode_workspace
+from vase_triton.ops.attention import candidate_attention_op, decode_attention_op, decode_workspace
 from vase_triton.policies import (
     OBSERVE_ALL_QUERIES,
     OBSERVE_LAST_QUERY,
@@ -484,7 +484,7 @@ class VaSECacheLayer:
                 self.scores.zero_()
             scores = self.scores
         # The registered op itself: the public wrapper's value checks would read lengths on the host.
-        return torch.ops.vase_triton.decode_attention(
+        return decode_attention_op(
             query, self.keys, self.values, self.lengths, scale, scores, *self._workspace
         )
 
@@ -524,7 +524,7 @@ class VaSECacheLayer:
         window = self.config.window
         if observation == OBSERVE_WINDOW and self._stores_queries:
             candidate_lens = (tensors.lengths - window).clamp_min(0)
-            return torch.ops.vase_triton.candidate_attention(
+            return candidate_attention_op(
                 self.query_ring, tensors.keys, candidate_lens, self.query_valid, self.scale
             )
         if observation == OBSERVE_WINDOW:

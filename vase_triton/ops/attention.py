@@ -1,10 +1,11 @@
 """Public attention ops: argument checks, `torch.library` registration, backend dispatch.
 
-`prefill_attention` and `decode_attention` validate their arguments, then call a
-custom op (`vase_triton::prefill_attention`, `vase_triton::decode_attention`)
-that `torch.compile` treats as one opaque node with a fake implementation. The
-op runs the Triton kernels or the PyTorch reference as `vase_triton.backend`
-decides.
+`prefill_attention`, `decode_attention` and `candidate_attention` validate their
+arguments, then call a custom op (`vase_triton::prefill_attention`, ...) that
+`torch.compile` treats as one opaque node with a fake implementation (plain eager calls
+skip the dispatcher: `vase_triton.ops.library_op`). The op runs the Triton kernels or
+the PyTorch reference as `vase_triton.backend` decides. `decode_attention_op` and
+`candidate_attention_op` are the ops themselves, unchecked, for the cache layers.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from vase_triton import reference
 from vase_triton.backend import use_triton
+from vase_triton.ops.library_op import library_op
 from vase_triton.validation import (
     check_float_dtype,
     check_head_dim,
@@ -27,7 +29,7 @@ from vase_triton.validation import (
 )
 
 
-@torch.library.custom_op("vase_triton::prefill_attention", mutates_args=())
+@library_op("prefill_attention", mutates_args=())
 def _prefill_attention_op(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -59,10 +61,8 @@ def _prefill_attention_fake(q, k, v, kv_lens, scale, causal, score_window):
     return out, lse, scores
 
 
-@torch.library.custom_op(
-    "vase_triton::decode_attention", mutates_args=("scores", "part_out", "part_lse", "logits")
-)
-def _decode_attention_op(
+@library_op("decode_attention", mutates_args=("scores", "part_out", "part_lse", "logits"))
+def decode_attention_op(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -86,13 +86,13 @@ def _decode_attention_op(
     return reference.decode_attention(q, k_cache, v_cache, cache_lens, scale=scale, scores=scores)
 
 
-@_decode_attention_op.register_fake
+@decode_attention_op.register_fake
 def _decode_attention_fake(q, k_cache, v_cache, cache_lens, scale, scores, part_out, part_lse, logits):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("vase_triton::candidate_attention", mutates_args=())
-def _candidate_attention_op(
+@library_op("candidate_attention", mutates_args=())
+def candidate_attention_op(
     q: torch.Tensor,
     k: torch.Tensor,
     candidate_lens: torch.Tensor,
@@ -106,7 +106,7 @@ def _candidate_attention_op(
     return reference.candidate_attention(q, k, candidate_lens, scale=scale, q_valid=q_valid)
 
 
-@_candidate_attention_op.register_fake
+@candidate_attention_op.register_fake
 def _candidate_attention_fake(q, k, candidate_lens, q_valid, scale):
     return q.new_empty((k.shape[0], k.shape[1], k.shape[2]), dtype=torch.float32)
 
@@ -243,7 +243,7 @@ def decode_attention(
         if not scores.is_contiguous():
             raise ValueError("scores: expected a contiguous tensor (it is updated in place); got a strided view")
     scale = _resolve_scale(scale, q.shape[-1])
-    return _decode_attention_op(q, k_cache, v_cache, cache_lens, scale, scores, None, None, None)
+    return decode_attention_op(q, k_cache, v_cache, cache_lens, scale, scores, None, None, None)
 
 
 def candidate_attention(
@@ -297,13 +297,13 @@ def candidate_attention(
                 f"got {q_valid.dtype} {list(q_valid.shape)}"
             )
     scale = _resolve_scale(scale, q.shape[-1])
-    return _candidate_attention_op(q, k, candidate_lens, q_valid, scale)
+    return candidate_attention_op(q, k, candidate_lens, q_valid, scale)
 
 
 def decode_workspace(q_heads: int, k_cache: torch.Tensor, dtype: torch.dtype, *, emit_scores: bool) -> tuple:
     """Preallocated split-K scratch for `decode_attention` steps over `k_cache` `[B, Hkv, C, D]`.
 
-    Pass its three tensors as the last arguments of `torch.ops.vase_triton.decode_attention`
+    Pass its three tensors as the last arguments of `decode_attention_op`
     so that a decode step allocates nothing; the PyTorch reference ignores them.
     """
     from vase_triton.kernels.decode_attention import decode_workspace as allocate

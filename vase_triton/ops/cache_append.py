@@ -12,6 +12,7 @@ import torch
 
 from vase_triton import reference
 from vase_triton.backend import use_triton
+from vase_triton.ops.library_op import library_op
 from vase_triton.cache_tensors import CacheTensors
 from vase_triton.config import VALUE_STATS
 from vase_triton.validation import FLOAT_DTYPES, check_cache_tensors, check_rank, check_same_device, check_same_dtype
@@ -19,8 +20,8 @@ from vase_triton.validation import FLOAT_DTYPES, check_cache_tensors, check_rank
 _CACHE_DTYPES = FLOAT_DTYPES + (torch.float64,)
 
 
-@torch.library.custom_op(
-    "vase_triton::append_",
+@library_op(
+    "append_",
     mutates_args=("keys", "values", "magnitudes", "positions", "lengths", "next_positions"),
 )
 def _append_op(
