@@ -18,6 +18,7 @@ kernels' first launch stay out of the timing.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import statistics
@@ -230,8 +231,34 @@ def _warmup_tokens(method: Method, setting: DecodeSetting) -> int:
     return max(8, method.budget + 2 * method.vase_config().window - setting.prompt_tokens + 2)
 
 
-def generate_timed(model, method: Method, setting: DecodeSetting, device: torch.device) -> Trace:
-    """Warm up, then run one timed greedy `generate()` of `setting` with `method`'s cache."""
+@dataclass
+class Prepared:
+    """A method ready to decode: the prompts, its warmed-up (then emptied) cache and the cache keyword."""
+
+    inputs: dict
+    cache: object
+    argument: str
+    warmup: int
+    method: Method
+    setting: DecodeSetting
+
+    def generate(self, model, max_new_tokens: int, **kwargs):
+        return model.generate(
+            **self.inputs, max_new_tokens=max_new_tokens, do_sample=False, **{self.argument: self.cache}, **kwargs
+        )
+
+    def empty_cache(self, model) -> None:
+        """Start the next `generate` from an empty cache: a new `DynamicCache`, else the same buffers reset."""
+        if self.method.cache == "dynamic":
+            self.cache = _make_cache(model, self.method, self.setting)
+        else:
+            self.cache.reset()
+
+
+@contextlib.contextmanager
+def prepared(model, method: Method, setting: DecodeSetting, device: torch.device, warmup: Optional[int] = None):
+    """Patch `model` for `method` (VaSE), warm it up with `warmup` tokens (default: enough for two
+    evictions with VaSE) and empty its cache; unpatch on exit."""
     import vase_triton
 
     if device.type == "cuda":
@@ -245,27 +272,26 @@ def generate_timed(model, method: Method, setting: DecodeSetting, device: torch.
     if method.cache == "vase":
         compile_mode = "reduce-overhead" if device.type == "cuda" else None
         vase_triton.patch_qwen3(model, method.vase_config(), compile_mode=compile_mode)
-    argument = _cache_argument(model)
     try:
-        cache = _make_cache(model, method, setting)
-        warmup = min(_warmup_tokens(method, setting), setting.new_tokens)
-        model.generate(**inputs, max_new_tokens=warmup, do_sample=False, **{argument: cache})
-        if method.cache == "dynamic":
-            cache = _make_cache(model, method, setting)
-        else:
-            cache.reset()
+        warmup = min(_warmup_tokens(method, setting) if warmup is None else warmup, setting.new_tokens)
+        ready = Prepared(inputs, _make_cache(model, method, setting), _cache_argument(model), warmup, method, setting)
+        ready.generate(model, warmup)
+        ready.empty_cache(model)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
-        clock = StepClock(setting.prompt_tokens, setting.checkpoints, cache, device, setting.time_limit_s)
-        model.generate(
-            **inputs, max_new_tokens=setting.new_tokens, do_sample=False, stopping_criteria=[clock],
-            **{argument: cache},
-        )  # fmt: skip
-        step_seconds = clock.seconds_between_stamps()
+        yield ready
     finally:
         if method.cache == "vase":
             vase_triton.unpatch(model)
+
+
+def generate_timed(model, method: Method, setting: DecodeSetting, device: torch.device) -> Trace:
+    """Warm up, then run one timed greedy `generate()` of `setting` with `method`'s cache."""
+    with prepared(model, method, setting, device) as ready:
+        clock = StepClock(setting.prompt_tokens, setting.checkpoints, ready.cache, device, setting.time_limit_s)
+        ready.generate(model, setting.new_tokens, stopping_criteria=[clock])
+        step_seconds = clock.seconds_between_stamps()
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     return Trace(
         generated=len(clock.stamps),
@@ -278,6 +304,6 @@ def generate_timed(model, method: Method, setting: DecodeSetting, device: torch.
             "batch": setting.batch,
             "method": method.describe(device),
             "weights": weights_description(),
-            "warmup_tokens": warmup,
+            "warmup_tokens": ready.warmup,
         },
     )

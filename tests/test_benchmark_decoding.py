@@ -73,3 +73,20 @@ def test_run_within_its_limit_notes_only_the_checkpoints(fake_time):
     assert drive(clock, fake_time, durations) == 50
     assert not clock.time_limited
     assert sorted(clock.memory) == [8, 16, 32]
+
+
+def test_decode_profile_counts_each_steps_operations(tmp_path):
+    """On the smoke setting every decode step runs each linear layer once (7 per layer and the
+    LM head: one matrix product each), and nothing of the prefill is counted."""
+    from benchmarks import profile_decode
+    from benchmarks.decoding import HF_DYNAMIC, build_model
+
+    setting = profile_decode.SETTING
+    model = build_model(setting.layout, setting.num_layers, torch.device("cpu"), torch.float32)
+    result = profile_decode.profile_method(model, HF_DYNAMIC, setting, torch.device("cpu"), steps=4, warmup=2)
+
+    calls = {name: per_step for name, _, per_step in result.operations}
+    assert calls["aten::mm"] == 7 * setting.num_layers + 1
+    assert result.device_s is None and result.step_s > 0
+    text = profile_decode.render([result], setting, torch.device("cpu"), 4)
+    assert "| hf-dynamic |" in text and "not a measurement" in text

@@ -1,0 +1,151 @@
+"""Where a decode step's time goes, per end-to-end method: host against device, and the top kernels.
+
+Each method of `bench_end_to_end.py`'s active profile is prepared as there (patched and
+compiled as users run it, warmed up with `--warmup` tokens), then decodes `--steps` steps
+twice: once timed by the `StepClock` (median wall time per step), once under
+`torch.profiler`. The table gives the median step, the device's busy time per step (the
+kernels' own durations; CUDA only) and their ratio: a step far longer than its device
+time is bound by the host (Python, launches, synchronisation), not by its kernels. Below
+it, the operations with the most device time per step (on CPU, the most CPU time).
+
+    python -m benchmarks.profile_decode [--steps 64] [--warmup 8] [--methods hf-static,vase-2048] [--out DIR]
+
+On CPU it runs the smoke setting: a check that the tool works, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+from transformers import StoppingCriteria
+
+from benchmarks.bench_end_to_end import METHODS, SETTING
+from benchmarks.decoding import DecodeSetting, Method, StepClock, build_model, prepared
+
+TOP_OPERATIONS = 12
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """One method's decode steps: median wall time, device busy time and the heaviest operations (seconds)."""
+
+    method: str
+    step_s: float
+    device_s: Optional[float]
+    operations: list[tuple[str, float, float]]  # name, seconds per step, calls per step; most time first
+
+    @property
+    def busy_fraction(self) -> Optional[float]:
+        return None if self.device_s is None else self.device_s / self.step_s
+
+
+class ProfilerSteps(StoppingCriteria):
+    """Ends a profiler region at every generated token; never stops generation."""
+
+    def __init__(self, recorded: profile):
+        self.recorded = recorded
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        self.recorded.step()
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+def _device_time_us(event) -> float:
+    """Self device time of a profiler average in µs (the attribute's name changed across torch versions)."""
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        if hasattr(event, name):
+            return float(getattr(event, name))
+    return 0.0
+
+
+def profile_method(model, method: Method, setting: DecodeSetting, device: torch.device, steps: int, warmup: int):
+    """Median step and profiler averages of `steps` decode steps of `method` after `warmup` tokens."""
+    with prepared(model, method, setting, device, warmup=warmup) as ready:
+        clock = StepClock(setting.prompt_tokens, (), ready.cache, device)
+        ready.generate(model, steps + 1, stopping_criteria=[clock])
+        step_s = statistics.median(clock.seconds_between_stamps())
+        ready.empty_cache(model)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        # Regions end at each new token: the prefill's is skipped, one decode step warms up, `steps` are kept.
+        with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=steps)) as recorded:
+            ready.generate(model, steps + 2, stopping_criteria=[ProfilerSteps(recorded)])
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+    averages = recorded.key_averages()
+    on_cuda = device.type == "cuda"
+    if on_cuda:
+        costs = [(event.key, _device_time_us(event), event.count) for event in averages]
+        device_s = sum(cost for _, cost, _ in costs) / 1e6 / steps
+    else:
+        costs = [(event.key, float(event.self_cpu_time_total), event.count) for event in averages]
+        device_s = None
+    costs = [(name, us, count) for name, us, count in costs if us > 0 and not name.startswith("ProfilerStep")]
+    costs.sort(key=lambda item: item[1], reverse=True)
+    operations = [(name, us / 1e6 / steps, count / steps) for name, us, count in costs]
+    return StepProfile(method.name, step_s, device_s, operations)
+
+
+def render(results: Sequence[StepProfile], setting: DecodeSetting, device: torch.device, steps: int) -> str:
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke: not a measurement)"
+    lines = [
+        f"# Decode step profile: {setting.name}, {steps} steps, {where}",
+        "",
+        "| method | median step | device busy per step | busy / step |",
+        "|---|---:|---:|---:|",
+    ]
+    for result in results:
+        busy = "—" if result.device_s is None else f"{result.device_s * 1e3:.3f} ms"
+        fraction = "—" if result.busy_fraction is None else f"{result.busy_fraction:.0%}"
+        lines.append(f"| {result.method} | {result.step_s * 1e3:.3f} ms | {busy} | {fraction} |")
+    unit = "device" if device.type == "cuda" else "CPU"
+    for result in results:
+        lines += ["", f"## {result.method}: most {unit} time per step", "", "| operation | per step | calls |",
+                  "|---|---:|---:|"]  # fmt: skip
+        lines += [
+            f"| `{name[:90]}` | {seconds * 1e6:.1f} µs | {calls:g} |"
+            for name, seconds, calls in result.operations[:TOP_OPERATIONS]
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=64, help="decode steps timed and profiled (default 64)")
+    parser.add_argument("--warmup", type=int, default=8, help="tokens generated before (default 8)")
+    parser.add_argument("--methods", default="", help="comma-separated method names (default: all of the profile)")
+    parser.add_argument("--out", type=Path, help="also write profile.md here")
+    args = parser.parse_args(argv)
+    if args.steps < 2 or args.warmup < 1:
+        parser.error(f"--steps: expected >= 2 and --warmup >= 1; got {args.steps} and {args.warmup}")
+    names = [name.strip() for name in args.methods.split(",") if name.strip()]
+    known = {method.name: method for method in METHODS}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        parser.error(f"--methods: expected names among {', '.join(known)}; got {', '.join(unknown)}")
+    methods = [known[name] for name in names] if names else list(METHODS)
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu":
+        os.environ["VASE_BACKEND"] = "torch"  # as the end-to-end suite on CPU
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    steps = min(args.steps, SETTING.new_tokens - args.warmup - 2)
+    model = build_model(SETTING.layout, SETTING.num_layers, device, dtype)
+    results = [profile_method(model, method, SETTING, device, steps, args.warmup) for method in methods]
+    text = render(results, SETTING, device, steps)
+    sys.stdout.write(text)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "profile.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
