@@ -75,7 +75,7 @@ def profile_method(model, method: Method, setting: DecodeSetting, device: torch.
         ready.empty_cache(model)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         # Regions end at each new token: the prefill's is skipped, one decode step warms up, `steps` are kept.
-        with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=steps)) as recorded:
+        with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=steps, repeat=1)) as recorded:
             ready.generate(model, steps + 2, stopping_criteria=[ProfilerSteps(recorded)])
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
