@@ -13,11 +13,13 @@
 #                                           the default-vs-tuned table and the stored file
 #   attention benchmarks                60  (limit) prefill + decode; roofline measured in the session
 #   eviction benchmarks                 50  (limit) eviction per policy + score modes
-#   end-to-end decoding               ~115  what is left of the first 420 s; each of its three
+#   decode step profile                 60  (limit) host against device time of each end-to-end
+#                                           method's decode step, and its top kernels
+#   end-to-end decoding                ~55+ what is left of the first 420 s; each of its three
 #                                           methods decodes for a third of it, less 30 s of
 #                                           compilation and warm-up
 #   report                              20  (limit)
-#   worst case              420 + 20 + 5 x 10 (interrupt grace) = 470
+#   worst case              420 + 20 + 6 x 10 (interrupt grace) = 480
 #
 # Each step runs under `timeout -s INT`: pytest, interrupted, still writes the JSON of the
 # rows it finished. A step that fails or is cut short does not stop the next; the exit
@@ -89,6 +91,8 @@ run_step attention 60 $python -m pytest -q -p no:cacheprovider \
 
 run_step eviction 50 $python -m pytest -q -p no:cacheprovider \
   benchmarks/bench_eviction.py benchmarks/bench_score_modes.py --benchmark-json "$out/eviction.json"
+
+run_step profile 60 $python -m benchmarks.profile_decode --steps 32 --warmup 8 --out "$out"
 
 # End to end: each of the three methods decodes for a third of the time left, less 30 s
 # of model set-up, compilation and warm-up per method.
