@@ -5,10 +5,11 @@ the L2 cache flushed before each, every repetition kept. Suites of work that run
 CUDA graphs in generation (decode steps) time replays of the target captured in a CUDA
 graph instead, so that the host's Python and launch overhead, which such replays do not
 pay, stay out. Each row states its method in `details["timing"]`. On CPU,
-`time.perf_counter` around each call. The samples are then *replayed* through the `benchmark` fixture, whose
-timer (`replay_clock`, set by the `REPLAYED` mark) advances only by the durations handed
-to it, so pytest-benchmark's `stats` — and `--benchmark-compare-fail` — describe the
-measured device times, not the host's view of asynchronous launches.
+`time.perf_counter` around each call. The samples are then *replayed* through the
+`benchmark` fixture, whose timer (`replay_clock`, set by the `REPLAYED` mark) advances
+only by the durations handed to it, so pytest-benchmark's `stats` — and
+`--benchmark-compare-fail` — describe the measured device times, not the host's view of
+asynchronous launches.
 
 `measure_roofline` measures the GPU's copy bandwidth and bf16 matmul rate the same way,
 once per session, as the 100% that achieved rates are compared with.
