@@ -178,7 +178,9 @@ def test_strided_cache_views_are_read_in_place(device):
     assert torch.equal(actual, expected) and torch.equal(scores_b, scores_a)
 
 
-@pytest.mark.parametrize("op_name", ["prefill_attention", "decode_attention", "candidate_attention", "append_", "evict_"])
+@pytest.mark.parametrize(
+    "op_name", ["prefill_attention", "decode_attention", "candidate_attention", "append_", "evict_"]
+)
 def test_mutated_op_arguments_have_no_default(op_name):
     """torch 2.11 versions the arguments an op mutates by their schema position in the call's
     own arguments, so a mutated argument left to its default raised IndexError there (seen on
