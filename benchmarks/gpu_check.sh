@@ -71,7 +71,7 @@ cat "$out/environment.txt"
 # Triton and inductor compilations) over 8 processes sharing the GPU.
 parallel=()
 $python -c "import xdist" 2>/dev/null && parallel=(-n 8)
-run_step tests 120 $python -m pytest -q -p no:cacheprovider -rfEs "${parallel[@]}" \
+run_step tests 120 $python -m pytest -q -p no:cacheprovider -rfEs --durations=15 "${parallel[@]}" \
   tests/test_prefill_attention.py tests/test_decode_attention.py tests/test_candidate_attention.py \
   tests/test_attention_compile.py tests/test_cache_append.py tests/test_eviction_kernel.py tests/test_sampling.py \
   tests/test_cache_layer.py tests/test_observation_window.py tests/test_cache_static_memory.py \
