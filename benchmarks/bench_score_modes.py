@@ -6,8 +6,8 @@ decode attention write fp32 logits and add them into the scores) and the evictio
 closes it (`recompute` attends with the ring over the candidates first). `no observation`
 is the same period with `streaming`, which observes nothing: the floor both modes are
 measured against. On CUDA the period is captured in a CUDA graph and replayed (as compiled
-decoding runs it, host overhead excluded; `timing.graph_samples`); on CPU it runs eagerly. The report divides by
-`window` (cost per decode step).
+decoding runs it, host overhead excluded; `timing.graph_samples`); on CPU it runs eagerly.
+The report divides by `window` (cost per decode step).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from transformers import StoppingCriteria
 
 from benchmarks.bench_end_to_end import METHODS, SETTING
 from benchmarks.decoding import DecodeSetting, Method, StepClock, build_model, prepared
+from vase_triton.commands.common import choice, comma_list, positive_int
 
 TOP_OPERATIONS = 12
 
@@ -80,8 +81,7 @@ def profile_method(model, method: Method, setting: DecodeSetting, device: torch.
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
     averages = recorded.key_averages()
-    on_cuda = device.type == "cuda"
-    if on_cuda:
+    if device.type == "cuda":
         costs = [(event.key, _device_time_us(event), event.count) for event in averages]
         device_s = sum(cost for _, cost, _ in costs) / 1e6 / steps
     else:
@@ -117,31 +117,28 @@ def render(results: Sequence[StepProfile], setting: DecodeSetting, device: torch
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    known = {method.name: method for method in METHODS}
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=64, help="decode steps timed and profiled (default 64)")
-    parser.add_argument("--warmup", type=int, default=8, help="tokens generated before (default 8)")
+    parser.add_argument("--steps", type=positive_int, default=64, help="decode steps timed and profiled (default 64)")
+    parser.add_argument("--warmup", type=positive_int, default=8, help="tokens generated before (default 8)")
     parser.add_argument(
-        "--methods", default="", help="comma-separated method names (default: all of the profile, VaSE's first)"
-    )
+        "--methods", type=comma_list(choice(tuple(known)), ", ".join(known)),
+        help="comma-separated method names (default: all of the profile, VaSE's first)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="also write profile.md here")
     args = parser.parse_args(argv)
-    if args.steps < 2 or args.warmup < 1:
-        parser.error(f"--steps: expected >= 2 and --warmup >= 1; got {args.steps} and {args.warmup}")
-    names = [name.strip() for name in args.methods.split(",") if name.strip()]
-    known = {method.name: method for method in METHODS}
-    unknown = [name for name in names if name not in known]
-    if unknown:
-        parser.error(f"--methods: expected names among {', '.join(known)}; got {', '.join(unknown)}")
     # By default VaSE's methods come first, then the uncompiled full cache: a run cut short
     # still profiles them; the compiled StaticCache, slowest to prepare, comes last.
     order = {"vase": 0, "dynamic": 1, "static": 2}
-    methods = [known[name] for name in names] if names else sorted(METHODS, key=lambda m: order[m.cache])
+    methods = [known[name] for name in args.methods] if args.methods else sorted(METHODS, key=lambda m: order[m.cache])
 
+    steps = min(args.steps, SETTING.new_tokens - args.warmup - 2)
+    if steps < 1:
+        parser.error(f"--warmup: expected at most {SETTING.new_tokens - 3} tokens in this profile; got {args.warmup}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
         os.environ["VASE_BACKEND"] = "torch"  # as the end-to-end suite on CPU
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    steps = min(args.steps, SETTING.new_tokens - args.warmup - 2)
     model = build_model(SETTING.layout, SETTING.num_layers, device, dtype)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -113,10 +113,9 @@ def measure(benchmark, target: Callable[[], Any], record: Record, *, cpu_rounds:
     result = target()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-        samples = graph_samples(target) if graph else None
-        method = GRAPH_TIMING if samples is not None else UNCAPTURED_TIMING if graph else EAGER_TIMING
+        samples, method = (graph_samples(target), GRAPH_TIMING) if graph else (None, EAGER_TIMING)
         if samples is None:
-            samples = device_samples(target)
+            samples, method = device_samples(target), (UNCAPTURED_TIMING if graph else EAGER_TIMING)
     else:
         samples, method = host_samples(target, cpu_rounds), HOST_TIMING
     record = dataclasses.replace(record, details={**record.details, "timing": method})

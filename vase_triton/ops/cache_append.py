@@ -12,9 +12,9 @@ import torch
 
 from vase_triton import reference
 from vase_triton.backend import use_triton
-from vase_triton.ops.library_op import library_op
 from vase_triton.cache_tensors import CacheTensors
 from vase_triton.config import VALUE_STATS
+from vase_triton.ops.library_op import library_op
 from vase_triton.validation import FLOAT_DTYPES, check_cache_tensors, check_rank, check_same_device, check_same_dtype
 
 _CACHE_DTYPES = FLOAT_DTYPES + (torch.float64,)

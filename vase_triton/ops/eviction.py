@@ -15,9 +15,9 @@ import torch
 
 from vase_triton import reference
 from vase_triton.backend import use_triton
-from vase_triton.ops.library_op import library_op
 from vase_triton.cache_tensors import CacheTensors
 from vase_triton.config import MIN_TEMPERATURE
+from vase_triton.ops.library_op import library_op
 from vase_triton.validation import check_cache_tensors, check_exact, check_head_dim, check_same_device
 
 
