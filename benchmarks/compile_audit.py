@@ -46,7 +46,8 @@ import triton  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vase_triton.cache_tensors import CacheTensors  # noqa: E402
-from vase_triton.kernels import cache_append, decode_attention, eviction, prefill_attention  # noqa: E402
+from vase_triton.config import VaSEConfig  # noqa: E402
+from vase_triton.kernels import cache_append, decode_attention, eviction, gaussian, prefill_attention  # noqa: E402
 
 CAPABILITY = 90
 SHARED_LIMIT_BYTES = 227 * 1024
@@ -65,6 +66,7 @@ CAPACITY = 4160
 BUDGET = 4096
 WINDOW = 64
 N_SINK = 4
+DKV_RANK = VaSEConfig.dkv_rank  # the default width of `vase-dkv`'s projections
 LONG_PROMPTS = (32768, 131072)
 DTYPES = (torch.bfloat16, torch.float16)
 ATTENTION_HEAD_DIMS = (64, 128, 256)
@@ -205,7 +207,8 @@ def eviction_launches(
     with recorded(eviction, *kernels) as launches:
         eviction.evict_triton(
             cache, importance, budget=BUDGET, window=WINDOW, n_sink=N_SINK, n_protect=BUDGET // 4,
-            temperature=1.0 if stochastic else 0.0, seed=2**40 + 7, keep_scores=keep_scores,
+            temperature=1.0 if stochastic else 0.0, seed=2**40 + 7, eviction_index=_meta(1, dtype=torch.int64),
+            keep_scores=keep_scores,
             trigger_length=BUDGET + 1, noise=None,
         )
     return launches
@@ -229,6 +232,14 @@ def append_launches(dtype: torch.dtype, head_dim: int, new_tokens: int, batch: i
     new_values = _meta(batch, KV_HEADS, new_tokens, head_dim, dtype=dtype)
     with recorded(cache_append, "_cache_append_kernel") as launches:
         cache_append.cache_append_triton(cache, new_keys, new_values, "range")
+    return launches
+
+
+def projection_launches() -> list[Launch]:
+    """`vase-dkv`'s Gaussian projections of one eviction: `[16, 8, 128, 20]` float32 draws."""
+    projection = _meta(DECODE_BATCH, KV_HEADS, 128, DKV_RANK, dtype=torch.float32)
+    with recorded(gaussian, "_gaussian_kernel") as launches:
+        gaussian.gaussian_triton(projection, 2**40 + 7, _meta(1, dtype=torch.int64))
     return launches
 
 
@@ -343,6 +354,8 @@ def cases() -> Iterator[tuple[str, list[Launch]]]:
                     f"evict prompt B1 Hkv{KV_HEADS} N{prompt} D{head_dim} {name} gumbel",
                     eviction_launches(dtype, head_dim, True, False, batch=1, slots=prompt),
                 )
+        if dtype == DTYPES[0]:
+            yield f"dkv projection B{DECODE_BATCH} Hkv{KV_HEADS} D128 rank{DKV_RANK} fp32", projection_launches()
         for head_dim in ATTENTION_HEAD_DIMS:
             yield (
                 f"recompute scores B{DECODE_BATCH} Hq{Q_HEADS} W{WINDOW} C{CAPACITY} D{head_dim} {name}",

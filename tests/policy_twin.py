@@ -6,7 +6,7 @@ keeps, per layer and KV head, the stored tokens in temporal order, and per query
 attention mass it gave to each token *by position*, so the observation windows come out of
 the definition ("the last `window` queries before the eviction") rather than out of the
 library's bookkeeping. Only the random draws are shared with the library
-(`reference.eviction_uniforms`, `policies.dkv_projection`, `seeding.eviction_seed`), so
+(`reference.eviction_uniforms`, `policies.dkv_projection`, `seeding.stream_key`), so
 that stochastic policies see the same noise on both sides.
 
 It runs inside an unpatched Hugging Face model through an attention function registered
@@ -25,7 +25,7 @@ import torch
 from vase_triton import reference
 from vase_triton.config import VaSEConfig
 from vase_triton.policies import dkv_projection
-from vase_triton.seeding import eviction_seed
+from vase_triton.seeding import stream_key
 
 ATTENTION_NAME = "vase_twin"
 _ACTIVE: list["TwinDecoder"] = []
@@ -154,8 +154,10 @@ class TwinLayer:
         n_large = max(0, config.resolved_n_protect - n_sink)
         uniforms = None
         if config.stochastic:
-            seed = eviction_seed(config.seed, self.layer, self.n_evictions)
-            uniforms = reference.eviction_uniforms((1, self.kv_heads, num_slots), torch.device("cpu"), seed=seed)[0]
+            uniforms = reference.eviction_uniforms(
+                (1, self.kv_heads, num_slots), torch.device("cpu"), seed=stream_key(config.seed, self.layer),
+                eviction_index=self.n_evictions,
+            )[0]
         for h in range(self.kv_heads):
             weights = self.importance(h, n_cand)
             values = self.values[h]

@@ -34,11 +34,12 @@ def test_thousands_of_steps_never_reallocate(device, monkeypatch, policy, score_
     pointers = _pointers(layer)
     memory_bytes = layer.memory_bytes
     cache_bytes = 2 * (2 * 2 * 20 * 64 * 2) + 2 * (2 * 2 * 20 * 4) + 2 * 2 * 20 * 4 + 2 * 2 * 4
+    counter_bytes = 8
     ring_bytes = 2 * 4 * 4 * 64 * 2 + 2 * 4 + 8 if score_mode == "recompute" else 0
     part_out, part_lse, logits = layer._workspace
     assert logits.shape == (2, 4, 20 if score_mode == "emitted" else 0)
     workspace_bytes = sum(t.numel() * t.element_size() for t in (part_out, part_lse, logits))
-    assert memory_bytes == cache_bytes + ring_bytes + workspace_bytes
+    assert memory_bytes == cache_bytes + counter_bytes + ring_bytes + workspace_bytes
     steps = 2000
     query, key, value = _stream(2, 4, 2, steps + 9, 64, torch.float16, device, seed=0)
     prompt = (t[:9].squeeze(3).permute(1, 2, 0, 3) for t in (query, key, value))
@@ -116,6 +117,7 @@ def test_model_cache_shares_one_decode_workspace_and_counts_every_buffer(device)
     workspaces = [store.buffers()[-3:] for store in cache.stores]
     assert all(w[0].data_ptr() == workspaces[0][0].data_ptr() for w in workspaces)
     per_layer_cache = 2 * (2 * 2 * 20 * 64 * 2) + 2 * (2 * 2 * 20 * 4) + 2 * 2 * 20 * 4 + 2 * 2 * 4
+    eviction_counter = 8
     ring = 2 * 8 * 4 * 64 * 2 + 2 * 4 + 8
     workspace = sum(t.numel() * t.element_size() for t in workspaces[0])
-    assert cache.memory_bytes == 3 * (per_layer_cache + ring) + workspace
+    assert cache.memory_bytes == 3 * (per_layer_cache + eviction_counter + ring) + workspace

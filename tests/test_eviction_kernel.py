@@ -274,7 +274,8 @@ def test_custom_op_schema_and_fake(device: torch.device) -> None:
     state = make_state(case, device, seed=3)
     args = (
         *cache_of(state), state["importance"], state["noise"],
-        case.budget, case.window, case.n_sink, case.n_protect, case.temperature, 7, False, case.trigger,
+        case.budget, case.window, case.n_sink, case.n_protect, case.temperature, 7,
+        torch.tensor([2], device=device), False, case.trigger,
     )
     torch.library.opcheck(_evict_op.op, args, test_utils=("test_schema", "test_faketensor"))
 
@@ -291,6 +292,8 @@ BAD_ARGUMENTS = [
     ("seed", dict(seed=-1), ValueError),
     ("budget", dict(budget=30.0), TypeError),
     ("keep_scores", dict(keep_scores=1), TypeError),
+    ("eviction_index", dict(eviction_index=torch.zeros(1, dtype=torch.int32)), TypeError),
+    ("eviction_index", dict(eviction_index=torch.zeros(2, dtype=torch.int64)), ValueError),
 ]
 
 

@@ -28,7 +28,7 @@ from vase_triton.cache import VaSECacheLayer
 from vase_triton.cache_tensors import CacheTensors
 from vase_triton.config import VaSEConfig
 from vase_triton.ops import evict_
-from vase_triton.seeding import eviction_seed
+from vase_triton.seeding import stream_key
 
 WEIGHTS = (0.5, 1.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0)
 KEEP = 3
@@ -67,7 +67,7 @@ def sample_inclusion(weights, device, *, temperature=1.0, seed=0, layer=0, evict
     cache = CacheTensors(keys, values, scores, magnitudes, positions, lengths, lengths.clone())
     op(
         cache, importance, budget=KEEP + WINDOW, window=WINDOW, n_sink=0, n_protect=0, temperature=temperature,
-        seed=eviction_seed(seed, layer, eviction_index),
+        seed=stream_key(seed, layer), eviction_index=torch.tensor([eviction_index], device=device),
     )
     kept_slots = positions[:, :, :KEEP].reshape(-1, KEEP).long().cpu()
     kept = torch.zeros(kept_slots.shape[0], n_candidates, dtype=torch.bool)
@@ -159,3 +159,40 @@ def test_layers_draw_independently(backend, device, monkeypatch) -> None:
     z = (float(overlap.sum()) - rows * mean) / math.sqrt(rows * variance)
     assert abs(z) <= 5.3, (float(overlap.mean()), mean, z)
     assert float(overlap.mean()) < m - 1
+
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_counter_on_the_device_picks_the_draw_and_advances(backend, device, monkeypatch) -> None:
+    """An eviction draws at the counter it reads and advances it: evictions sharing one counter
+    (as replays of a captured eviction do) draw exactly as calls at indices 0, 1, 2."""
+    if backend == "torch":
+        monkeypatch.setenv("VASE_BACKEND", "torch")
+    counter = torch.zeros(1, dtype=torch.int64, device=device)
+    shape = (BATCH, KV_HEADS, len(WEIGHTS) + WINDOW)
+    importance = torch.tensor(list(WEIGHTS) + [1.0] * WINDOW, device=device).expand(shape).contiguous()
+    draws = []
+    for index in range(3):
+        positions = torch.arange(shape[-1], dtype=torch.int32, device=device).expand(shape).contiguous()
+        lengths = torch.full((BATCH,), shape[-1], dtype=torch.int32, device=device)
+        zeros = torch.zeros(shape, device=device)
+        cache = CacheTensors(
+            torch.zeros(*shape, HEAD_DIM, device=device), torch.zeros(*shape, HEAD_DIM, device=device),
+            zeros, zeros.clone(), positions, lengths, lengths.clone(),
+        )  # fmt: skip
+        evict_(cache, importance, budget=KEEP + WINDOW, window=WINDOW, n_sink=0, n_protect=0, temperature=1.0,
+               seed=stream_key(9, 0), eviction_index=counter)
+        assert int(counter.item()) == index + 1
+        kept = torch.zeros(BATCH * KV_HEADS, len(WEIGHTS), dtype=torch.bool)
+        kept.scatter_(1, positions[:, :, :KEEP].reshape(-1, KEEP).long().cpu(), True)
+        _, at_index = sample_inclusion(WEIGHTS, device, seed=9, eviction_index=index)
+        assert torch.equal(kept, at_index)
+        draws.append(kept)
+    assert (draws[0] != draws[1]).any(dim=1).float().mean() > 0.5
+
+
+def test_op_on_the_torch_backend_draws_as_the_reference(device, monkeypatch) -> None:
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    _, through_op = sample_inclusion(WEIGHTS, device, seed=4, eviction_index=2, backend="kernel")
+    _, direct = sample_inclusion(WEIGHTS, device, seed=4, eviction_index=2, backend="reference")
+    assert torch.equal(through_op, direct)

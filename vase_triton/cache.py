@@ -45,7 +45,7 @@ from vase_triton.policies import (
     EvictionInputs,
     policy_importance,
 )
-from vase_triton.seeding import eviction_seed
+from vase_triton.seeding import GUMBEL_STREAM, stream_key
 from vase_triton.validation import FLOAT_DTYPES, check_head_dim, check_lengths, check_rank
 
 
@@ -103,12 +103,17 @@ class VaSECacheLayer:
         next_positions: `[B]` int32 position of each sequence's next token.
         query_ring, query_valid, ring_cursor: `[B, Hq, W, D]`, `[B, W]` bool and `[1]` int64,
             the last `window` queries (only with `score_mode="recompute"` for window policies).
+        eviction_counter: `[1]` int64 evictions done so far, on the device: the draw of the
+            layer's random streams each eviction takes (`vase_triton.seeding`), advanced by the
+            eviction itself, so that an eviction replayed from a CUDA graph draws anew.
         decode workspace: the split-K scratch of decode attention (shared by the layers of a
             `VaSECache`; owned by a layer built alone).
 
-    Host-side state: `length_bound` (upper bound of `max(lengths)`) and `n_evictions`.
-    Callers that run `decode_step` themselves (e.g. compiled) call `prepare_decode_step()`
-    eagerly before each step; `decode` does both.
+    Host-side state: `length_bound` (upper bound of `max(lengths)`) and `n_evictions` (the
+    host's copy of `eviction_counter`). Callers that run `decode_step` themselves (e.g.
+    compiled) call `prepare_decode_step()` eagerly before each step; `decode` does both.
+    `evict()` is `evict_on_device()` (device work only, capturable in a CUDA graph unless
+    the policy's importance reads the device back to the host) then `record_eviction()`.
 
     Eviction temporaries (beyond the op's, see `vase_triton.ops.evict_`), at the Qwen3-8B
     shape (B 16, Hq 32, Hkv 8, C 2112, D 128): the `[B, Hkv, C]` float32 importance and
@@ -167,6 +172,7 @@ class VaSECacheLayer:
         self.device = self.tensors.keys.device
         self.length_bound = 0
         self.n_evictions = 0
+        self.eviction_counter = torch.zeros((1,), dtype=torch.int64, device=self.device)
         self.queries_seen = 0  # queries of the padded timeline, prompt included
         self.scale: Optional[float] = None
         self._emits_scores = self.policy.decode_emits_scores(config.score_mode)
@@ -181,7 +187,7 @@ class VaSECacheLayer:
             self._workspace = tuple(workspace)
         self._owns_scratch = scratch is None
         self._scratch = PrefillScratch() if scratch is None else scratch
-        self._mark_static(self.tensors)
+        self._mark_static(self.tensors + (self.eviction_counter,))
         if num_query_heads is not None:
             self._allocate_query_state(_check_count("num_query_heads", num_query_heads))
 
@@ -225,7 +231,7 @@ class VaSECacheLayer:
         ring = tuple(t for t in (self.query_ring, self.query_valid, self.ring_cursor) if t is not None)
         workspace = self._workspace if self._owns_workspace else ()
         scratch = self._scratch.buffers() if self._owns_scratch else ()
-        return tuple(self.tensors) + ring + workspace + scratch
+        return tuple(self.tensors) + (self.eviction_counter,) + ring + workspace + scratch
 
     def buffers(self) -> tuple[torch.Tensor, ...]:
         """Every buffer the layer uses, a shared decode workspace and prefill scratch included."""
@@ -428,7 +434,8 @@ class VaSECacheLayer:
         self.queries_seen += new_tokens
 
         if compress:
-            self._evict(target, importance=None, trigger_length=self.config.budget + 1)
+            self._evict_on_device(target, importance=None, trigger_length=self.config.budget + 1)
+            self.n_evictions += 1
             self.tensors.fill_(target)
             self.length_bound = self.config.budget
         else:
@@ -539,10 +546,11 @@ class VaSECacheLayer:
         inputs = EvictionInputs(
             cache=tensors, attention=self.observed_attention(tensors), window=self.config.window,
             layer=self.layer_idx, eviction_index=self.n_evictions, seed=self.config.seed,
+            eviction_counter=self.eviction_counter,
         )
         return policy_importance(self.config, inputs)
 
-    def _evict(self, tensors: CacheTensors, importance: Optional[torch.Tensor], trigger_length: int) -> None:
+    def _evict_on_device(self, tensors: CacheTensors, importance: Optional[torch.Tensor], trigger_length: int) -> None:
         config = self.config
         if importance is None:
             importance = self.importance(tensors)
@@ -550,10 +558,9 @@ class VaSECacheLayer:
             tensors, importance,
             budget=config.budget, window=config.window, n_sink=config.n_sink,
             n_protect=config.resolved_n_protect, temperature=config.eviction_temperature,
-            seed=eviction_seed(config.seed, self.layer_idx, self.n_evictions),
+            seed=stream_key(config.seed, self.layer_idx, GUMBEL_STREAM), eviction_index=self.eviction_counter,
             keep_scores=self.policy.keeps_scores, trigger_length=trigger_length,
         )  # fmt: skip
-        self.n_evictions += 1
 
     def evict(self, importance: Optional[torch.Tensor] = None) -> None:
         """Shrink every sequence longer than `budget` to `budget` tokens, in place (eager).
@@ -565,9 +572,22 @@ class VaSECacheLayer:
             importance: `[B, Hkv, C]` float32 to rank the candidates by instead of the policy's
                 (`self.importance()`); sinks, value protection and sampling still apply.
         """
+        self.evict_on_device(importance)
+        self.record_eviction()
+
+    def evict_on_device(self, importance: Optional[torch.Tensor] = None) -> None:
+        """The device work of `evict()` (importance, selection, compaction), without its host bookkeeping.
+
+        Touches no host state, so that it can be captured once in a CUDA graph and replayed
+        (`vase_triton.eviction_graph`); each run must be followed by `record_eviction()`.
+        """
         if not self.config.evicts:
             raise ValueError(f"policy: expected an evicting policy; {self.config.policy!r} never evicts")
-        self._evict(self.tensors, importance, trigger_length=self.config.budget + 1)
+        self._evict_on_device(self.tensors, importance, trigger_length=self.config.budget + 1)
+
+    def record_eviction(self) -> None:
+        """Host bookkeeping of one `evict_on_device()` run: count it and lower `length_bound` to `budget`."""
+        self.n_evictions += 1
         self.length_bound = min(self.length_bound, self.config.budget)
 
     # ----------------------------------------------------------------------------- state
@@ -581,6 +601,7 @@ class VaSECacheLayer:
             self.ring_cursor.zero_()
         self.length_bound = 0
         self.n_evictions = 0
+        self.eviction_counter.zero_()
         self.queries_seen = 0
 
 

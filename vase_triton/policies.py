@@ -18,13 +18,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import types
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
 
 from vase_triton.cache_tensors import CacheTensors, slot_mask
-from vase_triton.seeding import PROJECTION_STREAM, eviction_seed
+from vase_triton.seeding import PROJECTION_STREAM, stream_key
 
 if TYPE_CHECKING:
     from vase_triton.config import VaSEConfig
@@ -48,7 +48,10 @@ class EvictionInputs:
         policies that observe nothing. Only candidate slots are meaningful.
     window: recent-window size; candidates are slots `< lengths[b] - window`.
     layer: layer index; eviction_index: evictions this layer has done before this one.
-    seed: the configuration's seed (draw with `vase_triton.seeding.eviction_seed`).
+    seed: the configuration's seed (see `vase_triton.seeding`).
+    eviction_counter: `[1]` int64 on the cache's device holding `eviction_index`, or None.
+        Draws keyed by it instead of `eviction_index` stay on the device, which lets the
+        eviction be captured in a CUDA graph and replayed (`dkv_projection` does).
     """
 
     cache: CacheTensors
@@ -57,6 +60,7 @@ class EvictionInputs:
     layer: int
     eviction_index: int
     seed: int
+    eviction_counter: Optional[torch.Tensor] = None
 
     @property
     def candidates(self) -> torch.Tensor:
@@ -182,30 +186,37 @@ def _redundancy_aware_attention(config: "VaSEConfig", inputs: EvictionInputs) ->
 
 
 def dkv_projection(
-    config: "VaSEConfig", shape: tuple[int, int], head_dim: int, *, layer: int, eviction_index: int, device
+    config: "VaSEConfig",
+    shape: tuple[int, int],
+    head_dim: int,
+    *,
+    layer: int,
+    eviction_index: Union[int, torch.Tensor],
+    device,
 ) -> torch.Tensor:
     """The Gaussian projections `G` of one eviction: `[B, Hkv, D, dkv_rank]`, scaled by `1/sqrt(dkv_rank)`.
 
-    One independent `G` per row and KV head, drawn on `device` by its own generator seeded
-    from `(config.seed, layer, eviction_index)`: the same draw on every run on that kind of
-    device (CUDA's generator draws other values than the CPU's). Drawn on the CPU and copied,
-    it made a `vase-dkv` eviction as slow as the PyTorch reference on an H200 (3.4 ms at
-    batch 16 and 4,160 slots, where the other policies took 0.35–2.0 ms).
+    One independent `G` per row and KV head, drawn on `device` from the layer's projection
+    stream of `config.seed` at `eviction_index` (an int, or the `[1]` int64 device counter,
+    read on the device: see `vase_triton.ops.gaussian`). The same draw on every run with the
+    same backend; the Triton kernel and the PyTorch reference draw different values.
     """
-    generator = torch.Generator(device=device)
-    generator.manual_seed(eviction_seed(config.seed, layer, eviction_index, PROJECTION_STREAM))
-    projection = torch.randn(
-        *shape, head_dim, config.dkv_rank, generator=generator, dtype=torch.float32, device=device
-    )
+    # Imported here: the ops import the configuration, which imports this module.
+    from vase_triton.ops.gaussian import standard_normal_
+
+    if not isinstance(eviction_index, torch.Tensor):
+        eviction_index = torch.tensor([eviction_index], dtype=torch.int64, device=device)
+    projection = torch.empty((*shape, head_dim, config.dkv_rank), dtype=torch.float32, device=device)
+    standard_normal_(projection, seed=stream_key(config.seed, layer, PROJECTION_STREAM), eviction_index=eviction_index)
     return projection / math.sqrt(config.dkv_rank)
 
 
 def _projected_energy(config: "VaSEConfig", inputs: EvictionInputs) -> torch.Tensor:
     cache = inputs.cache
     batch, kv_heads, _, head_dim = cache.keys.shape
+    index = inputs.eviction_index if inputs.eviction_counter is None else inputs.eviction_counter
     projection = dkv_projection(
-        config, (batch, kv_heads), head_dim, layer=inputs.layer, eviction_index=inputs.eviction_index,
-        device=cache.keys.device,
+        config, (batch, kv_heads), head_dim, layer=inputs.layer, eviction_index=index, device=cache.keys.device
     )
     key_energy = (cache.keys.to(torch.float32) @ projection).square().sum(dim=-1)  # [B, Hkv, N]
     value_energy = (cache.values.to(torch.float32) @ projection).square().sum(dim=-1)  # [B, Hkv, N]

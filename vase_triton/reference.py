@@ -17,6 +17,7 @@ import torch
 
 from vase_triton.cache_tensors import CacheTensors
 from vase_triton.config import MIN_TEMPERATURE
+from vase_triton.seeding import generator_seed
 
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -265,16 +266,27 @@ GUMBEL_UNIFORM_MIN = 1.1754943508222875e-38
 GUMBEL_UNIFORM_MAX = 1.0 - 2.0**-24
 
 
-def eviction_uniforms(shape: tuple[int, ...], device: torch.device, *, seed: int) -> torch.Tensor:
-    """U(0, 1) float32 uniforms of shape `[B, Hkv, N]` from a generator seeded by `seed`.
+def eviction_uniforms(shape: tuple[int, ...], device: torch.device, *, seed: int, eviction_index: int) -> torch.Tensor:
+    """U(0, 1) float32 uniforms of shape `[B, Hkv, N]` for eviction `eviction_index` of stream key `seed`.
 
-    `seed` is the eviction's seed (`vase_triton.seeding.eviction_seed`). This is the
-    reference's own stream: the Triton kernel draws philox numbers instead, so the two agree
-    only when the same `noise` tensor is passed to both.
+    Drawn by a generator seeded with `vase_triton.seeding.generator_seed(seed, eviction_index)`.
+    This is the reference's own stream: the Triton kernel draws philox numbers instead, so
+    the two agree only when the same `noise` tensor is passed to both.
     """
     generator = torch.Generator(device=device)
-    generator.manual_seed(seed)
+    generator.manual_seed(generator_seed(seed, eviction_index))
     return torch.rand(shape, generator=generator, device=device, dtype=torch.float32)
+
+
+def standard_normal(shape: tuple[int, ...], device: torch.device, *, seed: int, eviction_index: int) -> torch.Tensor:
+    """N(0, 1) float32 draws of `shape` for eviction `eviction_index` of stream key `seed`.
+
+    The reference's own stream (a generator seeded like `eviction_uniforms`'s); the Triton
+    kernel (`vase_triton.ops.gaussian`) draws philox numbers instead.
+    """
+    generator = torch.Generator(device=device)
+    generator.manual_seed(generator_seed(seed, eviction_index))
+    return torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
 
 
 def gumbel_keys(importance: torch.Tensor, uniforms: Optional[torch.Tensor], temperature: float) -> torch.Tensor:
@@ -368,13 +380,15 @@ def evict_(
     n_protect: int,
     temperature: float,
     seed: int,
+    eviction_index: Optional[torch.Tensor] = None,
     keep_scores: bool = False,
     trigger_length: Optional[int] = None,
     noise: Optional[torch.Tensor] = None,
 ) -> None:
     """Evict every sequence with `lengths[b] >= trigger_length` down to `budget` slots, in place.
 
-    Survivors are `select_keep_mask(...)` (uniforms: `noise`, else `eviction_uniforms(seed)`),
+    Survivors are `select_keep_mask(...)` (uniforms: `noise`, else `eviction_uniforms` of stream
+    key `seed` at the `[1]` int64 `eviction_index`, which is read, not advanced; None reads 0),
     moved to slots `[0, budget)` in temporal order with their keys, values, magnitudes,
     positions and (with `keep_scores`) scores. Without `keep_scores` the scores of every row
     are reset to 0 (the next observation starts empty); slots `[budget, N)` of evicted rows
@@ -389,7 +403,8 @@ def evict_(
     trigger_length = num_slots if trigger_length is None else trigger_length
     uniforms = noise
     if temperature >= MIN_TEMPERATURE and noise is None:
-        uniforms = eviction_uniforms((batch, kv_heads, num_slots), keys.device, seed=seed)
+        index = 0 if eviction_index is None else int(eviction_index.item())
+        uniforms = eviction_uniforms((batch, kv_heads, num_slots), keys.device, seed=seed, eviction_index=index)
     keep = select_keep_mask(
         importance, cache.magnitudes, cache.lengths, budget=budget, window=window, n_sink=n_sink,
         n_protect=n_protect, temperature=temperature, uniforms=uniforms,

@@ -1,14 +1,20 @@
-"""Seeds of eviction randomness: one independent stream per (seed, layer, eviction, purpose).
+"""Seeds of eviction randomness: one independent stream per (seed, layer, purpose), one draw per eviction.
 
 Every random draw of an eviction (the Gumbel noise of sampling policies, the Gaussian
-projection of `vase-dkv`) comes from a stream named by the user's `seed`, the layer,
-the eviction counter of that layer and the purpose of the draw. Layers evict at the
-same steps, so a stream that ignored the layer would keep the same slots in every layer.
+projection of `vase-dkv`) comes from the stream of the user's `seed`, the layer and the
+purpose of the draw, at the eviction counter of that layer. Layers evict at the same
+steps, so a stream that ignored the layer would keep the same slots in every layer.
+
+The Triton kernels key philox with `stream_key(seed, layer, stream)` and put the eviction
+counter in its counter words, read from a device tensor: the key is the same at every
+eviction, so an eviction captured once in a CUDA graph draws fresh numbers at every replay.
+Draws from a `torch.Generator` (the PyTorch reference) seed it with
+`generator_seed(key, eviction_index)`.
 """
 
 from __future__ import annotations
 
-# Purposes of eviction draws: each gets its own stream for the same (seed, layer, eviction).
+# Purposes of eviction draws: each gets its own stream for the same (seed, layer).
 GUMBEL_STREAM = 0
 PROJECTION_STREAM = 1
 
@@ -22,16 +28,24 @@ def _splitmix64(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def eviction_seed(seed: int, layer: int, eviction_index: int, stream: int = GUMBEL_STREAM) -> int:
-    """A 63-bit seed for the draws of one eviction of one layer, in `[0, 2**63)`.
+def _fold(**values: int) -> int:
+    """The inputs folded in through splitmix64, so that nearby tuples give unrelated results, in `[0, 2**63)`.
 
-    Every input is folded in through splitmix64, so nearby tuples give unrelated seeds
-    (the CPU generator and philox use all 64 bits; 63 keep it a non-negative int64).
+    The CPU generator and philox use all 64 bits; 63 keep the result a non-negative int64.
     """
-    for name, value in (("seed", seed), ("layer", layer), ("eviction_index", eviction_index), ("stream", stream)):
+    z = 0
+    for name, value in values.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{name}: expected an int >= 0; got {value!r}")
-    z = 0
-    for value in (seed, layer, eviction_index, stream):
         z = _splitmix64(z ^ (value & _MASK64))
     return z >> 1
+
+
+def stream_key(seed: int, layer: int, stream: int = GUMBEL_STREAM) -> int:
+    """The 63-bit key of one layer's stream of draws for one purpose (`GUMBEL_STREAM`, `PROJECTION_STREAM`)."""
+    return _fold(seed=seed, layer=layer, stream=stream)
+
+
+def generator_seed(key: int, eviction_index: int) -> int:
+    """The 63-bit seed of a `torch.Generator` for the draws of eviction `eviction_index` of stream `key`."""
+    return _fold(key=key, eviction_index=eviction_index)

@@ -95,14 +95,25 @@ def _select_largest(ordered, eligible, count, BLOCK_R: tl.constexpr):
 
 
 @triton.jit
-def _selection_key(weight, rows, slots, num_slots, noise_ptrs, noise_mask, inv_temperature, philox_seed,
-                   STOCHASTIC: tl.constexpr, HAS_NOISE: tl.constexpr):
+def _philox_uniforms(philox_key, offsets, eviction_index_ptr):
+    """U[0, 1) float32 of philox keyed by `philox_key` at counters `(offsets, eviction index, 0, 0)`.
+
+    The eviction index is read from device memory, so a captured eviction draws anew at every replay.
+    """
+    zero = offsets * 0
+    bits, _, _, _ = tl.philox(philox_key, offsets, zero + tl.load(eviction_index_ptr), zero, zero)
+    return tl.uint_to_uniform_float(bits)
+
+
+@triton.jit
+def _selection_key(weight, rows, slots, num_slots, noise_ptrs, noise_mask, inv_temperature, philox_key,
+                   eviction_index_ptr, STOCHASTIC: tl.constexpr, HAS_NOISE: tl.constexpr):
     """Selection key of weights `weight` [.., BLOCK_N]: `log(w)/tau + Gumbel`, or `w` when deterministic."""
     if STOCHASTIC:
         if HAS_NOISE:
             uniform = tl.load(noise_ptrs, mask=noise_mask, other=0.5)
         else:
-            uniform = tl.rand(philox_seed, rows * num_slots + slots)
+            uniform = _philox_uniforms(philox_key, rows * num_slots + slots, eviction_index_ptr)
         uniform = tl.minimum(tl.maximum(uniform, _U_MIN), _U_MAX)
         gumbel = -tl.log(-tl.log(uniform))
         positive = weight > 0
@@ -122,6 +133,7 @@ def _evict_select_kernel(
     lengths_ptr,
     sources_ptr,
     flags_ptr,
+    eviction_index_ptr,
     # sizes
     num_rows,
     num_heads,
@@ -132,7 +144,7 @@ def _evict_select_kernel(
     n_large,
     trigger_length,
     inv_temperature,
-    philox_seed,
+    philox_key,
     # strides
     stride_ib, stride_ih, stride_in,
     stride_mb, stride_mh, stride_mn,
@@ -173,7 +185,7 @@ def _evict_select_kernel(
         weight = tl.load(imp_ptrs, mask=candidate, other=0.0)  # [BLOCK_R, BLOCK_N]
         noise_ptrs = noise_ptr + batch[:, None] * stride_ub + head[:, None] * stride_uh + slots[None, :] * stride_un
         key = _selection_key(weight, rows[:, None], slots[None, :], num_slots, noise_ptrs, candidate,
-                             inv_temperature, philox_seed, STOCHASTIC, HAS_NOISE)
+                             inv_temperature, philox_key, eviction_index_ptr, STOCHASTIC, HAS_NOISE)
         k_sampled = budget - window - n_sink - n_large
         sampled = _select_largest(_ordered_bits(key), candidate & ~sink & ~protected, k_sampled, BLOCK_R)
 
@@ -237,6 +249,7 @@ def _evict_select_tiled_kernel(
     lengths_ptr,
     sources_ptr,
     flags_ptr,
+    eviction_index_ptr,
     bits_ptr,
     state_ptr,
     # sizes
@@ -248,7 +261,7 @@ def _evict_select_tiled_kernel(
     n_large,
     trigger_length,
     inv_temperature,
-    philox_seed,
+    philox_key,
     # strides
     stride_ib, stride_ih, stride_in,
     stride_mb, stride_mh, stride_mn,
@@ -299,7 +312,7 @@ def _evict_select_tiled_kernel(
             protected, ties_before = _take_largest(bits, eligible, threshold, n_above, ties_before, n_large)
             weight = tl.load(imp_row + slots * stride_in, mask=eligible, other=0.0)
             key = _selection_key(weight, row, slots, num_slots, noise_row + slots * stride_un, eligible,
-                                 inv_temperature, philox_seed, STOCHASTIC, HAS_NOISE)
+                                 inv_temperature, philox_key, eviction_index_ptr, STOCHASTIC, HAS_NOISE)
             tl.store(bits_row + slots, _ordered_bits(key), mask=in_row)
             tl.store(state_row + slots, tl.where(protected, _KEPT, state).to(tl.int8), mask=in_row)
 
@@ -490,6 +503,7 @@ def select_survivors_(
     seed: int,
     trigger_length: int,
     noise: Optional[torch.Tensor],
+    eviction_index: Optional[torch.Tensor] = None,
     config: Union[SelectConfig, TiledSelectConfig, None] = None,
 ) -> None:
     """Selection launch: write each row's survivor slots into `sources` and its eviction flag into `flags`.
@@ -497,6 +511,7 @@ def select_survivors_(
     Args:
         cache: validated `[B, Hkv, N, D]` buffers (only lengths and magnitudes are read).
         importance: `[B, Hkv, N]` float32; noise: `[B, Hkv, N]` float32 uniforms or None (philox).
+        seed: philox key; eviction_index: `[1]` int64 philox counter word, read (not advanced); None reads 0.
         sources: `[B * Hkv, budget]` int32; flags: `[B * Hkv]` int8; both written.
         config: a `SelectConfig` (in-register kernel) or a `TiledSelectConfig` (tiled kernel);
             None takes the kernel rows of `N` slots need, tuned for this shape or heuristic.
@@ -515,6 +530,8 @@ def select_survivors_(
             config = SelectConfig(**tuned) if tuned is not None else select_heuristic(shape)
     stochastic = temperature >= MIN_TEMPERATURE
     noise_arg = noise if noise is not None else importance
+    if eviction_index is None:
+        eviction_index = torch.zeros(1, dtype=torch.int64, device=keys.device)
     n_large = max(0, n_protect - n_sink)
     shared = (
         budget, window, n_sink, n_large, trigger_length, (1.0 / temperature) if stochastic else 1.0, seed,
@@ -525,7 +542,7 @@ def select_survivors_(
 
     if isinstance(config, SelectConfig):
         _evict_select_kernel[(triton.cdiv(num_rows, config.block_r),)](
-            importance, magnitudes, noise_arg, lengths, sources, flags,
+            importance, magnitudes, noise_arg, lengths, sources, flags, eviction_index,
             num_rows, num_heads, num_slots, *shared,
             STOCHASTIC=stochastic, HAS_NOISE=noise is not None, BLOCK_R=config.block_r,
             BLOCK_N=triton.next_power_of_2(num_slots), num_warps=config.num_warps,
@@ -534,7 +551,7 @@ def select_survivors_(
         bits = torch.empty((num_rows, num_slots), dtype=torch.int32, device=keys.device)
         state = torch.empty((num_rows, num_slots), dtype=torch.int8, device=keys.device)
         _evict_select_tiled_kernel[(num_rows,)](
-            importance, magnitudes, noise_arg, lengths, sources, flags, bits, state,
+            importance, magnitudes, noise_arg, lengths, sources, flags, eviction_index, bits, state,
             num_heads, num_slots, *shared,
             STOCHASTIC=stochastic, HAS_NOISE=noise is not None, BLOCK_N=config.block_n,
             num_warps=config.num_warps,
@@ -591,13 +608,14 @@ def evict_triton(
     n_protect: int,
     temperature: float,
     seed: int,
+    eviction_index: torch.Tensor,
     keep_scores: bool,
     trigger_length: int,
     noise: Optional[torch.Tensor],
 ) -> None:
     """Launch selection then compaction on validated cache tensors (`[B, Hkv, N, D]`), in place.
 
-    Arguments as `vase_triton.ops.evict_`.
+    Arguments as `vase_triton.ops.evict_` (`eviction_index` is read, the op advances it).
     """
     batch, num_heads = cache.keys.shape[:2]
     num_rows = batch * num_heads
@@ -608,6 +626,6 @@ def evict_triton(
     flags = torch.empty((num_rows,), dtype=torch.int8, device=device)
     select_survivors_(
         cache, importance, sources, flags, budget=budget, window=window, n_sink=n_sink, n_protect=n_protect,
-        temperature=temperature, seed=seed, trigger_length=trigger_length, noise=noise,
+        temperature=temperature, seed=seed, eviction_index=eviction_index, trigger_length=trigger_length, noise=noise,
     )
     compact_survivors_(cache, sources, flags, budget=budget, window=window, keep_scores=keep_scores)

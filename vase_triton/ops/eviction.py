@@ -1,9 +1,10 @@
 """Public eviction op: argument checks, `torch.library` registration, backend dispatch.
 
 `evict_` validates its arguments, then calls the custom op `vase_triton::evict_`, which
-mutates the cache tensors in place and runs the Triton kernels or the PyTorch reference
-as `vase_triton.backend` decides. Eviction runs eagerly between compiled decode steps;
-the fake implementation keeps it traceable all the same.
+mutates the cache tensors in place, runs the Triton kernels or the PyTorch reference as
+`vase_triton.backend` decides, and advances the device-side eviction counter. Eviction
+runs between compiled decode steps (eagerly, or replayed from a CUDA graph); the fake
+implementation keeps it traceable all the same.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from vase_triton.validation import check_cache_tensors, check_exact, check_head_
 
 @library_op(
     "evict_",
-    mutates_args=("keys", "values", "scores", "magnitudes", "positions", "lengths"),
+    mutates_args=("keys", "values", "scores", "magnitudes", "positions", "lengths", "eviction_index"),
 )
 def _evict_op(
     keys: torch.Tensor,
@@ -41,26 +42,28 @@ def _evict_op(
     n_protect: int,
     temperature: float,
     seed: int,
+    eviction_index: torch.Tensor,
     keep_scores: bool,
     trigger_length: int,
 ) -> None:
     cache = CacheTensors(keys, values, scores, magnitudes, positions, lengths, next_positions)
     selection = dict(
         budget=budget, window=window, n_sink=n_sink, n_protect=n_protect, temperature=temperature, seed=seed,
-        keep_scores=keep_scores, trigger_length=trigger_length, noise=noise,
+        eviction_index=eviction_index, keep_scores=keep_scores, trigger_length=trigger_length, noise=noise,
     )
     if use_triton(keys.device):
         from vase_triton.kernels.eviction import evict_triton
 
         evict_triton(cache, importance, **selection)
-        return
-    reference.evict_(cache, importance, **selection)
+    else:
+        reference.evict_(cache, importance, **selection)
+    eviction_index.add_(1)
 
 
 @_evict_op.register_fake
 def _evict_fake(
     keys, values, scores, magnitudes, positions, lengths, next_positions, importance, noise,
-    budget, window, n_sink, n_protect, temperature, seed, keep_scores, trigger_length,
+    budget, window, n_sink, n_protect, temperature, seed, eviction_index, keep_scores, trigger_length,
 ):
     return None
 
@@ -83,6 +86,7 @@ def evict_(
     n_protect: int,
     temperature: float,
     seed: int,
+    eviction_index: Optional[torch.Tensor] = None,
     keep_scores: bool = False,
     trigger_length: Optional[int] = None,
     noise: Optional[torch.Tensor] = None,
@@ -94,14 +98,15 @@ def evict_(
     the candidates `[0, n - window)` exactly `budget - window` stay: the sinks `[0, n_sink)`;
     the candidates of largest value magnitude, `n_protect` in all with the sinks counted
     among them (the paper gives sinks infinite magnitude); then the remaining ones of largest
-    key `log(importance) / temperature - log(-log(u))` (`u` philox-seeded by `seed`, or
-    `noise`). With `temperature < MIN_TEMPERATURE` (0 included) the key is `importance`
+    key `log(importance) / temperature - log(-log(u))` (`u` drawn from stream `seed` at
+    `eviction_index`, or `noise`). With `temperature < MIN_TEMPERATURE` (0 included) the key is `importance`
     (deterministic top-k). Non-positive importance ranks below every positive one; ties go
     to the earlier slot. Survivors move to slots `[0, budget)` in temporal order with their
     keys, values, magnitudes, positions and, with `keep_scores`, scores; without it every
     row's scores are reset to 0. Slots `[budget, N)` of evicted rows get position -1 and
-    score 0; `lengths[b] = budget`. Other rows keep their slots. Nothing is read back to the
-    host.
+    score 0; `lengths[b] = budget`. Other rows keep their slots. `eviction_index` is then
+    advanced by one. The Triton path reads nothing back to the host, so an eviction can be
+    captured in a CUDA graph and replayed with fresh draws.
 
     Args:
         cache: the layer's `CacheTensors`, `N` slots per row (`lengths` in `[0, N]`, not
@@ -113,7 +118,9 @@ def evict_(
         n_sink: sinks, `<= budget - window`; n_protect: value-protected tokens, sinks
             included, `<= budget - window`.
         temperature: Gumbel temperature `>= 0`.
-        seed: philox seed of this eviction in `[0, 2**63)` (`vase_triton.seeding.eviction_seed`).
+        seed: key of the layer's stream of draws in `[0, 2**63)` (`vase_triton.seeding.stream_key`).
+        eviction_index: `[1]` int64 counter on the cache's device, the draw of the stream this
+            eviction takes (`vase_triton.seeding`); None draws at index 0 and keeps no count.
         keep_scores: move scores with their tokens (h2o) instead of resetting them.
         trigger_length: evict rows with `lengths[b] >= trigger_length`, in `[budget, N]`; default `N`.
         noise: optional `[B, Hkv, N]` float32 uniforms replacing the philox draws.
@@ -129,7 +136,12 @@ def evict_(
     check_exact("importance", importance, rows, torch.float32, "[B, Hkv, N]")
     if noise is not None:
         check_exact("noise", noise, rows, torch.float32, "[B, Hkv, N]")
-    check_same_device(("cache.keys", "importance", "noise"), (cache.keys, importance, noise))
+    if eviction_index is None:
+        eviction_index = torch.zeros(1, dtype=torch.int64, device=cache.keys.device)
+    check_exact("eviction_index", eviction_index, (1,), torch.int64, "[1]")
+    check_same_device(
+        ("cache.keys", "importance", "noise", "eviction_index"), (cache.keys, importance, noise, eviction_index)
+    )
 
     if num_slots < 2:
         raise ValueError(f"cache.keys: expected N >= 2 slots (a window and a kept candidate); got N={num_slots}")
@@ -149,5 +161,6 @@ def evict_(
     temperature = float(temperature) if temperature >= MIN_TEMPERATURE else 0.0
 
     _evict_op(
-        *cache, importance, noise, budget, window, n_sink, n_protect, temperature, seed, keep_scores, trigger_length,
+        *cache, importance, noise, budget, window, n_sink, n_protect, temperature, seed, eviction_index,
+        keep_scores, trigger_length,
     )
