@@ -23,6 +23,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from vase_triton.cache import PrefillScratch, VaSECacheLayer
 from vase_triton.config import VaSEConfig
+from vase_triton.eviction_graph import EvictionGraph, unsupported_reason
 from vase_triton.ops.attention import decode_workspace
 from vase_triton.validation import host_checks_allowed
 
@@ -185,6 +186,7 @@ class VaSECache(Cache):
         self.is_decode_step = False
         self.step_valid_lengths: Optional[torch.Tensor] = None
         self._mask_placeholders: dict[torch.device, torch.Tensor] = {}
+        self.eviction_graph: Optional[EvictionGraph] = None  # made at the first graph-replayed eviction
 
     @classmethod
     def for_model(
@@ -227,14 +229,18 @@ class VaSECache(Cache):
         shared = [t for workspace in self._workspaces.values() for t in workspace] + list(self._scratch.buffers())
         return sum(store.memory_bytes for store in self.stores) + sum(t.numel() * t.element_size() for t in shared)
 
-    def begin_step(self, num_new_tokens: int, attention_mask: Optional[torch.Tensor] = None) -> None:
+    def begin_step(
+        self, num_new_tokens: int, attention_mask: Optional[torch.Tensor] = None, *, graph_evictions: bool = False
+    ) -> None:
         """Host-side bookkeeping before a forward pass that adds `num_new_tokens` tokens per row.
 
         A step of one token on a cache that holds tokens is a decode step: layers that are
-        full evict now, and nothing is read back from the device. Any other step extends the
-        cache; a 2D `attention_mask` (`[B, seen + T]` or `[B, T]`) gives each row's real new
-        tokens, which must be left-padded: padding may only precede a row's first token.
-        `end_step` (or `abort_step`) must follow the forward pass.
+        full evict now, and nothing is read back from the device. With `graph_evictions`
+        (decode steps under CUDA graphs) the evictions of all layers, when they fall on one
+        CUDA device, are replayed from one CUDA graph (`vase_triton.eviction_graph`). Any
+        other step extends the cache; a 2D `attention_mask` (`[B, seen + T]` or `[B, T]`) gives
+        each row's real new tokens, which must be left-padded: padding may only precede a
+        row's first token. `end_step` (or `abort_step`) must follow the forward pass.
         """
         if not isinstance(num_new_tokens, int) or num_new_tokens < 1:
             raise ValueError(f"input_ids: expected at least one new token per row; got {num_new_tokens!r}")
@@ -248,6 +254,11 @@ class VaSECache(Cache):
                         f"max_length: the {store.config.policy!r} cache holds {store.capacity} tokens and is full; "
                         "create it with a larger max_length"
                     )
+            if graph_evictions and all(store.length_bound >= store.capacity for store in self.stores):
+                graph = self._eviction_graph()
+                if graph is not None:
+                    graph.run()
+            for store in self.stores:
                 store.prepare_decode_step()
         else:
             self.step_valid_lengths = self._valid_lengths(num_new_tokens, attention_mask)
@@ -262,6 +273,12 @@ class VaSECache(Cache):
         """Close the open step without counting its tokens (its forward pass raised)."""
         self.in_step = False
         self.step_valid_lengths = None
+
+    def _eviction_graph(self) -> Optional[EvictionGraph]:
+        """The cache's `EvictionGraph`, or None when its layers cannot replay evictions from one graph."""
+        if self.eviction_graph is None and unsupported_reason(self.stores) is None:
+            self.eviction_graph = EvictionGraph(self.stores)
+        return self.eviction_graph
 
     def mask_placeholder(self, device) -> torch.Tensor:
         """A constant `[1, 1, 1, 1]` mask passed to transformers instead of the 2D one (the cache tracks padding)."""

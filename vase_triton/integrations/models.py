@@ -65,7 +65,8 @@ def patch_qwen3(model, config: Optional[VaSEConfig] = None, *, compile_mode: Opt
     Afterwards `model.generate(...)` runs with the VaSE kernels and a static `VaSECache`
     sized for each call. `overrides` are `VaSEConfig` fields (e.g. `budget=1024`).
     `compile_mode` (`"default"`, `"reduce-overhead"`, ...) runs decode steps through
-    `torch.compile(fullgraph=True)`; `"reduce-overhead"` adds CUDA graphs on GPU.
+    `torch.compile(fullgraph=True)`; `"reduce-overhead"` adds CUDA graphs on GPU, and then
+    the evictions of all layers are replayed from one CUDA graph too.
     """
     return patch_model(model, _checker(ARCHITECTURES["patch_qwen3"]), config, compile_mode=compile_mode, **overrides)
 

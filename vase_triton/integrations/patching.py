@@ -30,6 +30,8 @@ from vase_triton.integrations.hf_cache import VaSECache
 
 _STATE_ATTR = "_vase_patch_state"
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# Modes whose compiled decode steps run under CUDA graphs: evictions are replayed from one too.
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 _CACHE_KWARGS = ("cache", "past_key_values")
 _MISSING = object()
 
@@ -209,7 +211,9 @@ def _patched_forward(self, *args, **kwargs):
 
 
 def _run_step(model, state: _PatchState, cache: VaSECache, kwargs: dict, new_tokens: int):
-    cache.begin_step(new_tokens, kwargs.get("attention_mask"))
+    cache.begin_step(
+        new_tokens, kwargs.get("attention_mask"), graph_evictions=state.compile_mode in CUDA_GRAPH_MODES
+    )
     kwargs["vase_cache"] = cache
     # The cache tracks padding itself. A 4D placeholder mask makes transformers skip mask
     # creation, which would otherwise read host-side lengths into compiled graphs.
