@@ -47,7 +47,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vase_triton.cache_tensors import CacheTensors  # noqa: E402
 from vase_triton.config import VaSEConfig  # noqa: E402
-from vase_triton.kernels import cache_append, decode_attention, eviction, gaussian, prefill_attention  # noqa: E402
+from vase_triton.kernels import (  # noqa: E402
+    cache_append,
+    decode_attention,
+    eviction,
+    gaussian,
+    prefill_attention,
+    projected_energy,
+)
 
 CAPABILITY = 90
 SHARED_LIMIT_BYTES = 227 * 1024
@@ -235,12 +242,16 @@ def append_launches(dtype: torch.dtype, head_dim: int, new_tokens: int, batch: i
     return launches
 
 
-def projection_launches() -> list[Launch]:
-    """`vase-dkv`'s Gaussian projections of one eviction: `[16, 8, 128, 20]` float32 draws."""
-    projection = _meta(DECODE_BATCH, KV_HEADS, 128, DKV_RANK, dtype=torch.float32)
+def dkv_launches(dtype: torch.dtype, head_dim: int) -> list[Launch]:
+    """`vase-dkv`'s importance at one eviction: its Gaussian projections (`[16, 8, D, 20]` float32
+    draws), then the projected energy of every slot of a `[16, 8, 4160, D]` cache."""
+    projection = _meta(DECODE_BATCH, KV_HEADS, head_dim, DKV_RANK, dtype=torch.float32)
+    cache = _meta_cache(DECODE_BATCH, CAPACITY, head_dim, dtype)
     with recorded(gaussian, "_gaussian_kernel") as launches:
         gaussian.gaussian_triton(projection, 2**40 + 7, _meta(1, dtype=torch.int64))
-    return launches
+    with recorded(projected_energy, "_projected_energy_kernel") as energy_launches:
+        projected_energy.projected_energy_triton(cache.keys, cache.values, projection, cache.lengths, WINDOW)
+    return launches + energy_launches
 
 
 def specialise(launch: Launch) -> tuple[dict, dict, dict]:
@@ -354,8 +365,11 @@ def cases() -> Iterator[tuple[str, list[Launch]]]:
                     f"evict prompt B1 Hkv{KV_HEADS} N{prompt} D{head_dim} {name} gumbel",
                     eviction_launches(dtype, head_dim, True, False, batch=1, slots=prompt),
                 )
-        if dtype == DTYPES[0]:
-            yield f"dkv projection B{DECODE_BATCH} Hkv{KV_HEADS} D128 rank{DKV_RANK} fp32", projection_launches()
+        for head_dim in CACHE_HEAD_DIMS:
+            yield (
+                f"vase-dkv importance B{DECODE_BATCH} Hkv{KV_HEADS} C{CAPACITY} D{head_dim} rank{DKV_RANK} {name}",
+                dkv_launches(dtype, head_dim),
+            )
         for head_dim in ATTENTION_HEAD_DIMS:
             yield (
                 f"recompute scores B{DECODE_BATCH} Hq{Q_HEADS} W{WINDOW} C{CAPACITY} D{head_dim} {name}",

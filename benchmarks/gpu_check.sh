@@ -92,13 +92,16 @@ run_step attention 60 $python -m pytest -q -p no:cacheprovider \
 run_step eviction 50 $python -m pytest -q -p no:cacheprovider \
   benchmarks/bench_eviction.py benchmarks/bench_score_modes.py --benchmark-json "$out/eviction.json"
 
-run_step profile 60 $python -m benchmarks.profile_decode --steps 32 --warmup 8 --out "$out"
+# Inductor's performance hints and dynamo's recompilations go into the logs of the two
+# decoding steps: a decode step that skipped CUDA graphs or recompiled shows there.
+run_step profile 60 env TORCH_LOGS="perf_hints,recompiles" \
+  $python -m benchmarks.profile_decode --steps 32 --warmup 8 --out "$out"
 
 # End to end: each of the three methods decodes for a third of the time left, less 30 s
 # of model set-up, compilation and warm-up per method.
 left=$((deadline - $(date +%s)))
 export VASE_BENCH_DECODE_SECONDS=$(((left - 90) / 3 > 10 ? (left - 90) / 3 : 10))
-run_step end_to_end "$left" $python -m pytest -q -p no:cacheprovider \
+run_step end_to_end "$left" env TORCH_LOGS="perf_hints,recompiles" $python -m pytest -q -s -p no:cacheprovider \
   benchmarks/bench_end_to_end.py --benchmark-json "$out/end_to_end.json"
 
 deadline=$(($(date +%s) + 20))

@@ -218,9 +218,10 @@ def _projected_energy(config: "VaSEConfig", inputs: EvictionInputs) -> torch.Ten
     projection = dkv_projection(
         config, (batch, kv_heads), head_dim, layer=inputs.layer, eviction_index=index, device=cache.keys.device
     )
-    key_energy = (cache.keys.to(torch.float32) @ projection).square().sum(dim=-1)  # [B, Hkv, N]
-    value_energy = (cache.values.to(torch.float32) @ projection).square().sum(dim=-1)  # [B, Hkv, N]
-    energy = key_energy * value_energy * inputs.candidates
+    # Imported here: the ops import the configuration, which imports this module.
+    from vase_triton.ops.projected_energy import projected_energy
+
+    energy = projected_energy(cache.keys, cache.values, projection, cache.lengths, window=inputs.window)
     return energy / energy.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
 
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from vase_triton.cache_tensors import CacheTensors
+from vase_triton.cache_tensors import CacheTensors, slot_mask
 from vase_triton.config import MIN_TEMPERATURE
 from vase_triton.seeding import generator_seed
 
@@ -34,6 +34,26 @@ def _grouped_matmul(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
     kv_heads = kv.shape[1]
     grouped = q.reshape(batch, kv_heads, (q_heads // kv_heads) * rows, inner)
     return torch.matmul(grouped, kv).view(batch, q_heads, rows, kv.shape[-1])
+
+
+def projected_energy(
+    keys: torch.Tensor, values: torch.Tensor, projection: torch.Tensor, lengths: torch.Tensor, *, window: int
+) -> torch.Tensor:
+    """`||k G||² · ||v G||²` of every candidate slot `[0, lengths[b] - window)`, 0 elsewhere.
+
+    Args:
+        keys, values: `[B, Hkv, N, D]`; projection: `[B, Hkv, D, R]`; lengths: `[B]`.
+
+    Returns:
+        `[B, Hkv, N]` float32 (float64 for float64 inputs), computed in float32 (float64).
+    """
+    dtype = _accumulation_dtype(keys.dtype)
+    num_slots = keys.shape[2]
+    candidates = slot_mask(lengths.clamp_max(num_slots), num_slots, window)  # [B, 1, N]
+    projection = projection.to(dtype)
+    key_energy = (keys.to(dtype) @ projection).square().sum(dim=-1)  # [B, Hkv, N]
+    value_energy = (values.to(dtype) @ projection).square().sum(dim=-1)
+    return torch.where(candidates, key_energy * value_energy, 0.0)
 
 
 def masked_logits(

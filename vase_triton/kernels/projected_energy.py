@@ -1,0 +1,90 @@
+"""Projected energy of `vase-dkv`: `||k G||² · ||v G||²` of every candidate slot in one pass.
+
+`_projected_energy_kernel` runs one program per (block of `BLOCK_N` slots, row
+`(b, kv_head)`): it loads the row's projection `G` (`[D, R]`, `R` padded with zeros to
+`BLOCK_R >= 16` for the tensor cores) once, then the keys and values of its slots, and
+multiplies both by `G` with float32 accuracy (3xTF32 on the tensor cores). Slots outside
+the candidates `[0, lengths[b] - window)` are not read and score 0. Each key and value is
+read once in the cache dtype, where the PyTorch path converts the whole cache to float32
+and runs two batched matmuls.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vase_triton.backend import interpreter_enabled
+
+# Float32 elements of a [BLOCK_N, D] tile per program on GPU, at 4 warps: the tiles of keys
+# and values and their 3xTF32 splits stay in registers (sm_90, D <= 128: 64 slots per
+# program, no spills, see benchmarks/audits; 32 slots or 8 warps spill at D = 128).
+# The interpreter takes fewer, larger programs.
+_TILE_ELEMENTS = 8192
+_INTERPRETER_BLOCK_N = 512
+_MIN_DOT = 16  # smallest tl.dot dimension
+
+
+@triton.jit
+def _projected_energy_kernel(
+    keys_ptr, values_ptr, projection_ptr, lengths_ptr, energy_ptr,
+    num_heads, num_slots, head_dim, rank, window,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_gb, stride_gh, stride_gd, stride_gr,
+    stride_eb, stride_eh, stride_en,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(1).to(tl.int64)
+    batch = row // num_heads
+    head = row % num_heads
+    n_candidates = tl.minimum(tl.load(lengths_ptr + batch).to(tl.int32), num_slots) - window
+    slots = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, BLOCK_D)
+    ranks = tl.arange(0, BLOCK_R)
+    candidate = slots < n_candidates
+    in_dims = dims < head_dim
+
+    projection = tl.load(
+        projection_ptr + batch * stride_gb + head * stride_gh + dims[:, None] * stride_gd + ranks[None, :] * stride_gr,
+        mask=in_dims[:, None] & (ranks[None, :] < rank), other=0.0,
+    )  # [BLOCK_D, BLOCK_R]
+    tile_mask = candidate[:, None] & in_dims[None, :]
+    keys = tl.load(
+        keys_ptr + batch * stride_kb + head * stride_kh + slots[:, None] * stride_kn + dims[None, :] * stride_kd,
+        mask=tile_mask, other=0.0,
+    ).to(tl.float32)  # [BLOCK_N, BLOCK_D]
+    projected = tl.dot(keys, projection, input_precision="tf32x3")  # [BLOCK_N, BLOCK_R]
+    key_energy = tl.sum(projected * projected, axis=1)
+    values = tl.load(
+        values_ptr + batch * stride_vb + head * stride_vh + slots[:, None] * stride_vn + dims[None, :] * stride_vd,
+        mask=tile_mask, other=0.0,
+    ).to(tl.float32)
+    projected = tl.dot(values, projection, input_precision="tf32x3")
+    value_energy = tl.sum(projected * projected, axis=1)
+    energy = tl.where(candidate, key_energy * value_energy, 0.0)
+    tl.store(energy_ptr + batch * stride_eb + head * stride_eh + slots * stride_en, energy, mask=slots < num_slots)
+
+
+def projected_energy_triton(
+    keys: torch.Tensor, values: torch.Tensor, projection: torch.Tensor, lengths: torch.Tensor, window: int
+) -> torch.Tensor:
+    """`[B, Hkv, N]` float32 energies of validated inputs (see `vase_triton.ops.projected_energy`)."""
+    batch, num_heads, num_slots, head_dim = keys.shape
+    rank = projection.shape[-1]
+    energy = torch.empty((batch, num_heads, num_slots), dtype=torch.float32, device=keys.device)
+    if energy.numel() == 0:
+        return energy
+    block_d = max(_MIN_DOT, triton.next_power_of_2(head_dim))
+    block_r = max(_MIN_DOT, triton.next_power_of_2(rank))
+    block_n = _INTERPRETER_BLOCK_N if interpreter_enabled() else max(_MIN_DOT, min(64, _TILE_ELEMENTS // block_d))
+    block_n = min(block_n, max(_MIN_DOT, triton.next_power_of_2(num_slots)))
+    grid = (triton.cdiv(num_slots, block_n), batch * num_heads)
+    _projected_energy_kernel[grid](
+        keys, values, projection, lengths, energy,
+        num_heads, num_slots, head_dim, rank, window,
+        *keys.stride(), *values.stride(), *projection.stride(), *energy.stride(),
+        BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_R=block_r, num_warps=4,
+    )  # fmt: skip
+    return energy
