@@ -4,12 +4,12 @@ Each timed call refills `lengths` to `C` (one tiny fill, in both providers) and 
 `VaSECacheLayer.evict()`: the policy's importance (for window policies the `recompute`
 scores: the ring of the last `window` queries attending over the candidates), then the
 fused select-and-compact (`vase`) or the PyTorch reference of every op (`reference`,
-`VASE_BACKEND=torch`). Both are timed as CUDA-graph replays, as generation under CUDA
-graphs runs them (`vase_triton.eviction_graph`); a row that cannot be captured (the
-reference reads its eviction counter back to the host) is timed eagerly, launch overhead
-included, and says so in its timing. An eviction comes once every `window` decode steps: the report
-divides by `window` and shows the result as a percentage of one decode attention step of
-the same shape (the decode suite's `vase` row). GB/s counts the select-and-compact
+`VASE_BACKEND=torch`). `vase` rows are timed as CUDA-graph replays, as generation under
+CUDA graphs runs them (`vase_triton.eviction_graph`); the reference reads its eviction
+counter back to the host, which no capture allows, so its rows are timed as eager calls,
+launch overhead included (each row states its timing). An eviction comes once every
+`window` decode steps: the report divides by `window` and shows the result as a
+percentage of one decode attention step of the same shape (the decode suite's `vase` row). GB/s counts the select-and-compact
 traffic only (`CacheShape.eviction_bytes`).
 """
 
@@ -59,6 +59,6 @@ def test_eviction(benchmark, roofline, device, monkeypatch, shape: CacheShape, p
         per_step=shape.window, relative_to=(DECODE_SUITE, DECODE_KERNEL, "vase", shape.name),
         details={"dtype": "bfloat16", "score_mode": config.score_mode, "n_protect": config.resolved_n_protect},
     )  # fmt: skip
-    timing.measure(benchmark, evict, record, graph=True)
+    timing.measure(benchmark, evict, record, graph=implementation == "vase")
     assert bool((layer.lengths == shape.budget).all())
     assert bool((layer.positions[:, :, shape.budget :] == -1).all())

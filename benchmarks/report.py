@@ -294,9 +294,12 @@ def kernel_section(suite: str, rows: Sequence[Row], index: RowIndex) -> list[str
     with_bytes = any(row.record.bytes_moved for row in rows)
     with_steps = any(row.record.per_step for row in rows)
     relative = next((row.record.relative_to for row in rows if row.record.relative_to), None)
+    # Rows timed by different methods (graph replays beside eager calls) each name theirs.
+    timings = list(dict.fromkeys(row.record.details["timing"] for row in rows if row.record.details.get("timing")))
+    mixed_timing = len(timings) > 1
     kernels = list(dict.fromkeys(row.record.kernel for row in rows))
     header = ["run"] + (["kernel"] if len(kernels) > 1 else []) + ["shape", "provider", "median", "IQR", "p20–p80"]
-    header += ["samples"]
+    header += ["samples"] + (["timing"] if mixed_timing else [])
     header += (["TFLOP/s"] if with_flops else []) + (["GB/s"] if with_bytes else [])
     header += ["% of roofline"] if (with_flops or with_bytes) else []
     header += [f"vs {provider}" for provider in alternatives]
@@ -310,6 +313,9 @@ def kernel_section(suite: str, rows: Sequence[Row], index: RowIndex) -> list[str
         cells = [row.run.id] + ([record.kernel] if len(kernels) > 1 else []) + [record.shape, record.provider]
         spread = ABSENT if row.p20_s is None else f"{format_time(row.p20_s)} – {format_time(row.p80_s)}"
         cells += [format_time(row.median_s), format_time(row.iqr_s), spread, str(row.rounds)]
+        if mixed_timing:
+            timing = record.details.get("timing")
+            cells.append(f"[{timings.index(timing) + 1}]" if timing else ABSENT)
         if with_flops:
             cells.append(format_number(row.tflops) if record.flops else NOT_APPLICABLE)
         if with_bytes:
@@ -328,9 +334,10 @@ def kernel_section(suite: str, rows: Sequence[Row], index: RowIndex) -> list[str
     lines = [f"## {suite}", ""]
     if len(kernels) == 1:
         lines += [f"Kernel: {kernels[0]}.", ""]
-    timings = list(dict.fromkeys(row.record.details["timing"] for row in rows if row.record.details.get("timing")))
-    if timings:
-        lines += ["Timing: " + "; ".join(timings) + ".", ""]
+    if mixed_timing:
+        lines += ["Timing (column `timing`): " + "; ".join(f"[{i}] {t}" for i, t in enumerate(timings, 1)) + ".", ""]
+    elif timings:
+        lines += [f"Timing: {timings[0]}.", ""]
     return lines + _table(header, body, right_from=first_number)
 
 

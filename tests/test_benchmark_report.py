@@ -42,6 +42,7 @@ def _spread(median: float) -> list[float]:
 
 
 GRAPHED = "CUDA graph replays"
+EAGER = "eager calls"
 
 
 def synthetic_rows(decode_slowdown: float = 1.0) -> list[tuple[Record, list[float]]]:
@@ -58,7 +59,10 @@ def synthetic_rows(decode_slowdown: float = 1.0) -> list[tuple[Record, list[floa
         (Record(*DECODE, "sdpa", "Qwen3-8B B16 C4160", bytes_moved=2.8e8, roofline=COPY,
                 details={"timing": GRAPHED}), _spread(1.5e-4)),
         (Record("eviction", "eviction vase", "vase", "Qwen3-8B B16 C4160", bytes_moved=1e8, roofline=COPY,
-                compare_to=("reference",), per_step=64, relative_to=decode), _spread(1.28e-4)),
+                compare_to=("reference",), per_step=64, relative_to=decode, details={"timing": GRAPHED}),
+         _spread(1.28e-4)),
+        (Record("eviction", "eviction vase", "reference", "Qwen3-8B B16 C4160", bytes_moved=1e8, roofline=COPY,
+                per_step=64, relative_to=decode, details={"timing": EAGER}), _spread(6.4e-4)),
         (Record(*E2E, "hf-dynamic", "Qwen3-8B (2 layers) B16 P256",
                 curve=(CurvePoint(1024, 0.010, 1600.0, 2**30), CurvePoint(2048, 0.020, 800.0, 2**31))),
          [0.010, 0.015, 0.020]),
@@ -131,7 +135,20 @@ def test_speedups_and_absent_baselines(tmp_path):
     assert "Smoke run" not in text
     decode_section = text.split("## decode")[1].split("## ")[0]
     assert f"Timing: {GRAPHED}." in decode_section
-    assert "Timing:" not in text.split("## prefill")[1].split("## ")[0]
+    assert "Timing" not in text.split("## prefill")[1].split("## ")[0]
+
+
+def test_rows_timed_differently_name_their_timing(tmp_path):
+    rows = report.load_runs([write_synthetic(tmp_path / "new.json", synthetic_rows())])
+    section = report.render(rows, None, 0.05, []).split("## eviction")[1].split("## ")[0]
+    assert f"Timing (column `timing`): [1] {GRAPHED}; [2] {EAGER}." in section
+    header = next(line for line in section.splitlines() if line.startswith("| run |"))
+    column = [cell.strip() for cell in header.strip("|").split("|")].index("timing")
+    for provider, label in (("vase", "[1]"), ("reference", "[2]")):
+        line = next(line for line in section.splitlines() if f"| Qwen3-8B B16 C4160 | {provider} |" in line)
+        assert [cell.strip() for cell in line.strip("|").split("|")][column] == label
+    decode = report.render(rows, None, 0.05, []).split("## decode")[1]
+    assert "timing" not in next(line for line in decode.splitlines() if line.startswith("| run |"))
 
 
 def test_end_to_end_ratios_per_length(tmp_path):
