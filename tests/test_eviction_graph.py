@@ -8,18 +8,23 @@ so after every step both hold bit-identical buffers, for each family of policies
 scores recomputed or emitted, scores of all queries, Gaussian projections, uniform
 sampling). A policy that reads the device back to the host cannot be captured: it warns
 and stays eager, still identical. On CPU there is nothing to capture and the flag leaves
-the evictions eager.
+the evictions eager; what can be checked there is what a capture forbids: the device
+work of an eviction, traced op by op on the Triton path, reads no value back to the host
+for any built-in policy (the reference, which seeds generators from the counter, does).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from vase_triton.cache import VaSECacheLayer
 from vase_triton.config import VaSEConfig
 from vase_triton.eviction_graph import EvictionGraph, unsupported_reason
 from vase_triton.integrations.hf_cache import VaSECache
-from vase_triton.policies import Policy, get_policy, register_policy
+from vase_triton.ops import library_op
+from vase_triton.policies import POLICIES, Policy, get_policy, register_policy
 
 LAYERS, BATCH, Q_HEADS, KV_HEADS, HEAD_DIM = 3, 2, 4, 2, 64
 PROMPT, STEPS = 20, 40
@@ -144,3 +149,45 @@ def test_unsupported_layouts_are_named(device) -> None:
             dtype=torch.float32, device=device, max_length=8,
         )  # fmt: skip
         assert unsupported_reason(full.stores) == "the policy never evicts"
+
+
+class _HostReads(TorchDispatchMode):
+    """Records the ops that read a tensor's value back to the host or size their output by it."""
+
+    READS = ("aten._local_scalar_dense", "aten.is_nonzero", "aten.equal", "aten.nonzero", "aten.masked_select",
+             "aten.unique", "aten._unique")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func).startswith(self.READS):
+            self.reads.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _host_reads_of_one_eviction(policy: str, monkeypatch) -> list[str]:
+    # Let the library's ops run their functions under the mode, so that it sees inside them.
+    monkeypatch.setattr(library_op, "_needs_dispatcher", lambda args: False)
+    config = VaSEConfig(policy=policy, budget=24, window=8, n_sink=2)
+    layer = VaSECacheLayer(config, batch_size=2, num_kv_heads=2, head_dim=64, dtype=torch.float32, device="cpu",
+                           num_query_heads=4)
+    gen = torch.Generator().manual_seed(0)
+    query, key = torch.randn(2, 4, 32, 64, generator=gen), torch.randn(2, 2, 32, 64, generator=gen)
+    layer.prefill(query, key, key, scale=SCALE)  # 32 tokens: the layer is full
+    with _HostReads() as probe:
+        layer.evict_on_device()
+    assert int(layer.eviction_counter.item()) == 1 and bool((layer.lengths == config.budget).all())
+    return probe.reads
+
+
+@pytest.mark.parametrize("policy", [name for name, spec in POLICIES.items() if spec.evicts])
+def test_eviction_reads_nothing_back_on_the_kernel_path(policy, monkeypatch) -> None:
+    monkeypatch.setenv("VASE_BACKEND", "triton")
+    assert _host_reads_of_one_eviction(policy, monkeypatch) == []
+
+
+def test_the_probe_sees_the_reference_read_its_counter(monkeypatch) -> None:
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    assert "aten._local_scalar_dense.default" in _host_reads_of_one_eviction("vase", monkeypatch)
