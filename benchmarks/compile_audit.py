@@ -52,6 +52,7 @@ from vase_triton.kernels import (  # noqa: E402
     decode_attention,
     eviction,
     gaussian,
+    key_similarity,
     prefill_attention,
     projected_energy,
 )
@@ -254,6 +255,15 @@ def dkv_launches(dtype: torch.dtype, head_dim: int) -> list[Launch]:
     return launches + energy_launches
 
 
+def rkv_launches(dtype: torch.dtype, head_dim: int) -> list[Launch]:
+    """`rkv`'s key redundancy at one eviction: the mean key similarities of a `[16, 8, 4160, D]` cache."""
+    cache = _meta_cache(DECODE_BATCH, CAPACITY, head_dim, dtype)
+    kernels = ("_unit_key_sum_kernel", "_mean_similarity_kernel")
+    with recorded(key_similarity, *kernels) as launches:
+        key_similarity.mean_key_similarity_triton(cache.keys, cache.lengths, WINDOW)
+    return launches
+
+
 def specialise(launch: Launch) -> tuple[dict, dict, dict]:
     """(signature, constexprs, attrs) of a launch, specialised as Triton's JIT would."""
     kernel = launch.kernel
@@ -369,6 +379,10 @@ def cases() -> Iterator[tuple[str, list[Launch]]]:
             yield (
                 f"vase-dkv importance B{DECODE_BATCH} Hkv{KV_HEADS} C{CAPACITY} D{head_dim} rank{DKV_RANK} {name}",
                 dkv_launches(dtype, head_dim),
+            )
+            yield (
+                f"rkv redundancy B{DECODE_BATCH} Hkv{KV_HEADS} C{CAPACITY} D{head_dim} {name}",
+                rkv_launches(dtype, head_dim),
             )
         for head_dim in ATTENTION_HEAD_DIMS:
             yield (

@@ -118,8 +118,10 @@ class VaSECacheLayer:
     Eviction temporaries (beyond the op's, see `vase_triton.ops.evict_`), at the Qwen3-8B
     shape (B 16, Hq 32, Hkv 8, C 2112, D 128): the `[B, Hkv, C]` float32 importance and
     attention (2 x 1.1 MB) and pooling scratch of the same size; `recompute` adds `[B, Hq, W]`
-    float32 log-sum-exps (0.13 MB); `rkv` adds `[B, Hkv, C, D]` float32 unit keys (138 MB,
-    twice that while they are normalised).
+    float32 log-sum-exps (0.13 MB); `rkv` adds `[B, Hkv, C]` float32 similarities (1.1 MB)
+    and per-chunk sums of unit keys (0.3 MB; the PyTorch reference builds `[B, Hkv, C, D]`
+    float32 unit keys instead, 138 MB); `vase-dkv` adds its projections `[B, Hkv, D, 20]`
+    float32 (1.3 MB). Under CUDA graphs these stay reserved in the eviction graph's pool.
     """
 
     def __init__(

@@ -159,28 +159,29 @@ def _observed_attention(config: "VaSEConfig", inputs: EvictionInputs) -> torch.T
     return inputs.attention.to(torch.float32) * inputs.candidates
 
 
-def key_redundancy(keys: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+def key_redundancy(keys: torch.Tensor, lengths: torch.Tensor, window: int) -> torch.Tensor:
     """R-KV redundancy: softmax over the candidates of each key's mean cosine similarity to the others.
 
     Args:
-        keys: `[B, Hkv, N, D]`; candidates: `[B, 1, N]` bool.
+        keys: `[B, Hkv, N, D]`; lengths: `[B]` int32 (values above `N` act as `N`); candidates
+            are slots `< lengths[b] - window`.
 
     Returns:
         `[B, Hkv, N]` float32 summing to 1 over each row's candidates, 0 elsewhere.
     """
-    unit = F.normalize(keys.to(torch.float32), dim=-1).mul_(candidates.unsqueeze(-1))  # [B, Hkv, N, D]
-    total = unit.sum(dim=2, keepdim=True)  # [B, Hkv, 1, D]
-    self_similarity = unit.square().sum(dim=-1)  # [B, Hkv, N]
-    n_candidates = candidates.sum(dim=-1, keepdim=True).to(torch.float32)  # [B, 1, 1]
-    similarity_sum = (unit @ total.transpose(-1, -2)).squeeze(-1)  # [B, Hkv, N]
-    mean_similarity = (similarity_sum - self_similarity) / (n_candidates - 1).clamp_min(1)
-    return torch.softmax(mean_similarity.masked_fill(~candidates, -1e30), dim=-1) * candidates
+    # Imported here: the ops import the configuration, which imports this module.
+    from vase_triton.ops.key_similarity import mean_key_similarity
+
+    num_slots = keys.shape[2]
+    candidates = slot_mask(lengths.clamp_max(num_slots), num_slots, window)  # [B, 1, N]
+    similarity = mean_key_similarity(keys, lengths, window=window)
+    return torch.softmax(similarity.masked_fill(~candidates, -1e30), dim=-1) * candidates
 
 
 def _redundancy_aware_attention(config: "VaSEConfig", inputs: EvictionInputs) -> torch.Tensor:
     candidates = inputs.candidates
     attention = pooled_candidate_attention(config, inputs)
-    redundancy = key_redundancy(inputs.cache.keys, candidates)
+    redundancy = key_redundancy(inputs.cache.keys, inputs.cache.lengths, inputs.window)
     lam = float(config.rkv_lambda)
     return (lam * attention - (1.0 - lam) * redundancy) * candidates
 

@@ -56,6 +56,32 @@ def projected_energy(
     return torch.where(candidates, key_energy * value_energy, 0.0)
 
 
+def mean_key_similarity(keys: torch.Tensor, lengths: torch.Tensor, *, window: int) -> torch.Tensor:
+    """Each candidate key's mean cosine similarity to the other candidates of its row, 0 elsewhere.
+
+    Candidates of row `b` are slots `[0, lengths[b] - window)`; keys are normalised as
+    `k / max(||k||, 1e-12)` (a zero key has similarity 0 to everything); the mean divides by
+    `max(n_candidates - 1, 1)`.
+
+    Args:
+        keys: `[B, Hkv, N, D]`; lengths: `[B]`.
+
+    Returns:
+        `[B, Hkv, N]` float32 (float64 for float64 keys), computed in float32 (float64).
+    """
+    dtype = _accumulation_dtype(keys.dtype)
+    num_slots = keys.shape[2]
+    lengths = lengths.clamp_max(num_slots)
+    candidates = slot_mask(lengths, num_slots, window)  # [B, 1, N]
+    unit = torch.nn.functional.normalize(keys.to(dtype), dim=-1)
+    unit = torch.where(candidates.unsqueeze(-1), unit, 0.0)  # [B, Hkv, N, D]
+    total = unit.sum(dim=2, keepdim=True)  # [B, Hkv, 1, D]
+    self_similarity = unit.square().sum(dim=-1)  # [B, Hkv, N]
+    similarity_sum = (unit @ total.transpose(-1, -2)).squeeze(-1)  # [B, Hkv, N]
+    n_candidates = (lengths.to(dtype) - window).clamp_min(0).view(-1, 1, 1)  # [B, 1, 1]
+    return torch.where(candidates, (similarity_sum - self_similarity) / (n_candidates - 1).clamp_min(1), 0.0)
+
+
 def masked_logits(
     q: torch.Tensor,
     k: torch.Tensor,

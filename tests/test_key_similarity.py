@@ -1,0 +1,121 @@
+"""`vase_triton.ops.mean_key_similarity` (the input of `rkv`'s redundancy) against a float64 twin.
+
+The twin is the definition written out pair by pair: the mean over the other candidates of
+the cosine similarity of two keys, in float64. Shapes are hostile (rows of 1, 63, 111 and
+257 slots, ragged lengths, lengths past `N`, rows with no or one candidate, head dims
+64–256), a zero key (similarity 0 to everything) sits among the candidates, and every key
+past the candidates is NaN, which must not leak. The error allowed is four times what the
+PyTorch reference reaches in float32 on the same keys, with a floor at float32's resolution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from vase_triton import reference
+from vase_triton.ops.key_similarity import mean_key_similarity
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    kv_heads: int
+    slots: int
+    head_dim: int
+    window: int
+    lengths: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def id(self) -> str:
+        lengths = "_".join(map(str, self.lengths))
+        return f"B{self.batch}H{self.kv_heads}N{self.slots}D{self.head_dim}W{self.window}L{lengths}-{DTYPE_NAMES[self.dtype]}"
+
+
+CASES = [
+    Case(1, 1, 1, 64, 0, (1,), torch.float32),
+    Case(2, 2, 63, 64, 8, (63, 9), torch.bfloat16),
+    Case(3, 2, 111, 128, 16, (111, 17, 16), torch.float16),
+    Case(2, 4, 257, 128, 64, (257, 300), torch.bfloat16),
+    Case(1, 3, 257, 256, 32, (200,), torch.bfloat16),
+    Case(2, 1, 111, 64, 4, (0, 111), torch.float32),
+]
+
+
+def make_keys(case: Case, device, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (case.batch, case.kv_heads, case.slots, case.head_dim)
+    # A shared direction makes the similarities large and unequal, as in real keys.
+    keys = torch.randn(shape, generator=gen) + 2 * torch.randn(case.batch, case.kv_heads, 1, case.head_dim, generator=gen)
+    keys[:, :, min(2, case.slots - 1)] = 0.0  # a zero key
+    lengths = torch.tensor(case.lengths, dtype=torch.int32)
+    slot = torch.arange(case.slots).view(1, 1, -1, 1)
+    outside = slot >= (lengths.clamp_max(case.slots) - case.window).view(-1, 1, 1, 1)
+    keys = keys.to(case.dtype).masked_fill(outside, float("nan"))  # never a candidate: must not leak
+    return keys.to(device), lengths.to(device)
+
+
+def twin(keys: torch.Tensor, lengths: torch.Tensor, window: int) -> torch.Tensor:
+    """The definition, pair by pair, in float64."""
+    batch, heads, slots, _ = keys.shape
+    out = torch.zeros(batch, heads, slots, dtype=torch.float64)
+    for b in range(batch):
+        n = max(0, min(int(lengths[b]), slots) - window)
+        for h in range(heads):
+            k = keys[b, h, :n].double()
+            norms = k.norm(dim=-1).clamp_min(1e-12)
+            cosine = (k @ k.T) / (norms[:, None] * norms[None, :])
+            for i in range(n):
+                out[b, h, i] = (cosine[i].sum() - cosine[i, i]) / max(n - 1, 1)
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_matches_float64_twin(case: Case, device) -> None:
+    keys, lengths = make_keys(case, device)
+    got = mean_key_similarity(keys, lengths, window=case.window)
+    assert got.dtype == torch.float32 and got.shape == (case.batch, case.kv_heads, case.slots)
+    assert bool(torch.isfinite(got).all())
+    truth = twin(keys.cpu(), lengths.cpu(), case.window)
+    torch_float32 = reference.mean_key_similarity(keys.cpu(), lengths.cpu(), window=case.window).double()
+    scale = truth.abs().amax().clamp_min(1e-30)
+    allowed = max(4 * float((torch_float32 - truth).abs().max() / scale), 4 * torch.finfo(torch.float32).eps)
+    error = float((got.cpu().double() - truth).abs().max() / scale)
+    assert error <= allowed, (error, allowed)
+    assert bool((got.cpu()[truth == 0] == 0).all())  # non-candidates, the zero key, single candidates
+
+
+def test_rkv_redundancy_is_the_softmax_of_the_similarity(device) -> None:
+    from vase_triton.policies import key_redundancy
+
+    case = CASES[3]
+    keys, lengths = make_keys(case, device, seed=2)
+    keys = torch.nan_to_num(keys)
+    got = key_redundancy(keys, lengths, case.window).cpu().double()
+    truth = twin(keys.cpu(), lengths.cpu(), case.window)
+    for b, length in enumerate(case.lengths):
+        n = min(length, case.slots) - case.window
+        want = torch.softmax(truth[b, :, :n], dim=-1)
+        torch.testing.assert_close(got[b, :, :n], want, rtol=1e-5, atol=1e-7)
+        assert bool((got[b, :, n:] == 0).all())
+
+
+@pytest.mark.parametrize(
+    "name,corrupt,error",
+    [
+        ("keys", lambda k, n: (k[0], n), ValueError),
+        ("lengths", lambda k, n: (k, n.long()), TypeError),
+        ("lengths", lambda k, n: (k, n[:1]), ValueError),
+    ],
+)
+def test_rejects_bad_inputs(name, corrupt, error) -> None:
+    keys, lengths = make_keys(CASES[1], "cpu")
+    with pytest.raises(error, match=name):
+        mean_key_similarity(*corrupt(keys, lengths), window=8)
+    with pytest.raises(ValueError, match="window"):
+        mean_key_similarity(keys, lengths, window=-2)
