@@ -21,7 +21,10 @@ from vase_triton.demo_model import tiny_qwen3
 
 def test_two_ranks_each_cache_their_own_heads(tmp_path):
     pytest.importorskip("torch.distributed.tensor")
-    tiny_qwen3(seed=1).save_pretrained(tmp_path)
+    model = tiny_qwen3(seed=1)
+    # An even vocabulary (one unused id more): transformers 5.17 splits lm_head's outputs over the ranks.
+    model.resize_token_embeddings(model.config.vocab_size + 1)
+    model.save_pretrained(tmp_path)
     worker = Path(__file__).with_name("tensor_parallel_worker.py")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "0"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
