@@ -84,6 +84,17 @@ class PrefillScratch:
         return tuple(buffer for tensors in self._buffers.values() for buffer in tensors)
 
 
+def mark_static(tensors) -> None:
+    """Tell `torch.compile` that these buffers keep their address (no guard is added).
+
+    Every tensor a compiled decode step mutates must be marked: under CUDA graphs
+    (`mode="reduce-overhead"`) inductor replays a step in place only when each mutated
+    input is static, and otherwise runs the whole step without CUDA graphs.
+    """
+    for tensor in tensors:
+        torch._dynamo.mark_static_address(tensor)
+
+
 def _chunk_lengths(valid_lengths: Optional[torch.Tensor], total: int, start: int, stop: int) -> Optional[torch.Tensor]:
     """Real tokens of each row inside tokens `[start, stop)` of a left-padded input of `total` tokens."""
     if valid_lengths is None:
@@ -189,7 +200,7 @@ class VaSECacheLayer:
             self._workspace = tuple(workspace)
         self._owns_scratch = scratch is None
         self._scratch = PrefillScratch() if scratch is None else scratch
-        self._mark_static(self.tensors + (self.eviction_counter,))
+        mark_static(self.tensors + (self.eviction_counter,))
         if num_query_heads is not None:
             self._allocate_query_state(_check_count("num_query_heads", num_query_heads))
 
@@ -209,10 +220,10 @@ class VaSECacheLayer:
             )
             self.query_valid = torch.zeros((self.batch_size, window), dtype=torch.bool, device=self.device)
             self.ring_cursor = torch.zeros((1,), dtype=torch.long, device=self.device)
-            self._mark_static((self.query_ring, self.query_valid, self.ring_cursor))
+            mark_static((self.query_ring, self.query_valid, self.ring_cursor))
         if self._owns_workspace:
             self._workspace = decode_workspace(num_query_heads, self.keys, self.dtype, emit_scores=self._emits_scores)
-            self._mark_static(self._workspace)
+            mark_static(self._workspace)
 
     def _use_query_heads(self, num_query_heads: int) -> None:
         if self.num_query_heads is None:
@@ -221,12 +232,6 @@ class VaSECacheLayer:
             raise ValueError(
                 f"query: expected {self.num_query_heads} query heads like this layer's buffers; got Hq={num_query_heads}"
             )
-
-    def _mark_static(self, tensors) -> None:
-        """On CUDA, fixed data pointers let compiled decode steps run under CUDA graphs without copies."""
-        if self.device.type == "cuda":
-            for tensor in tensors:
-                torch._dynamo.mark_static_address(tensor)
 
     def own_buffers(self) -> tuple[torch.Tensor, ...]:
         """Every buffer this layer owns (a shared decode workspace or prefill scratch excluded)."""

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from vase_triton.cache import PrefillScratch, VaSECacheLayer
+from vase_triton.cache import PrefillScratch, VaSECacheLayer, mark_static
 from vase_triton.config import VaSEConfig
 from vase_triton.eviction_graph import EvictionGraph, unsupported_reason
 from vase_triton.ops.attention import decode_workspace
@@ -171,6 +171,7 @@ class VaSECache(Cache):
                     batch_size, num_kv_heads, slots, head_dim
                 )
                 self._workspaces[layer_device] = decode_workspace(num_query_heads, shape_only, dtype, emit_scores=emits)
+                mark_static(self._workspaces[layer_device])
             self.stores.append(
                 VaSECacheLayer(
                     config, batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
