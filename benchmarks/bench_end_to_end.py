@@ -9,12 +9,16 @@ compared with both full caches at every length in the report, which also plots t
 The `gpu` profile stops each method after 45 s of decoding, or after
 `VASE_BENCH_DECODE_SECONDS` (the curve then ends where the method got to; the row says so);
 `full` decodes 32k tokens without a limit; `cpu` is the CPU measurement quoted in the README.
+With `VASE_BENCH_DECODE_DEADLINE` (a Unix time) the methods share the time up to it
+instead: each gets an equal share of what is left when it starts, less `SETUP_S` for its
+compilation and warm-up, so the time a fast method does not need goes to the later ones.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import time
 
 import pytest
 import torch
@@ -29,6 +33,9 @@ pytestmark = timing.REPLAYED
 
 SUITE = "end-to-end"
 TIME_LIMIT_VARIABLE = "VASE_BENCH_DECODE_SECONDS"
+DEADLINE_VARIABLE = "VASE_BENCH_DECODE_DEADLINE"
+SETUP_S = 30.0  # compilation and warm-up of one method, kept out of its decoding share
+MIN_DECODE_S = 10.0
 KERNEL = "greedy decode vs generated length"
 
 SETTING, METHODS = profiles.pick({
@@ -56,6 +63,15 @@ if os.environ.get(TIME_LIMIT_VARIABLE):
     SETTING = dataclasses.replace(SETTING, time_limit_s=float(os.environ[TIME_LIMIT_VARIABLE]))
 
 
+def decode_seconds(method) -> float | None:
+    """The decoding time `method` may take: its share of the time left before the deadline, or the setting's limit."""
+    deadline = os.environ.get(DEADLINE_VARIABLE)
+    if not deadline:
+        return SETTING.time_limit_s
+    methods_left = len(METHODS) - METHODS.index(method)
+    return max(MIN_DECODE_S, (float(deadline) - time.time()) / methods_left - SETUP_S)
+
+
 @pytest.fixture(scope="module")
 def model(device):
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -66,7 +82,7 @@ def model(device):
 def test_decode_vs_length(benchmark, device, monkeypatch, model, method):
     if device.type == "cpu":
         monkeypatch.setenv("VASE_BACKEND", "torch")
-    trace = generate_timed(model, method, SETTING, device)
+    trace = generate_timed(model, method, dataclasses.replace(SETTING, time_limit_s=decode_seconds(method)), device)
     record = Record(
         SUITE, KERNEL, method.name, SETTING.name,
         compare_to=FULL_CACHE_METHODS if method.cache == "vase" else (),

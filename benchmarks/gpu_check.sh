@@ -15,9 +15,9 @@
 #   eviction benchmarks                 50  (limit) eviction per policy + score modes
 #   decode step profile                 60  (limit) host against device time of each end-to-end
 #                                           method's decode step, and its top kernels
-#   end-to-end decoding                ~55+ what is left of the first 420 s; each of its three
-#                                           methods decodes for a third of it, less 30 s of
-#                                           compilation and warm-up
+#   end-to-end decoding                ~55+ what is left of the first 420 s, shared by its three
+#                                           methods as they go (VASE_BENCH_DECODE_DEADLINE), less
+#                                           30 s of compilation and warm-up each
 #   report                              20  (limit)
 #   worst case              420 + 20 + 6 x 10 (interrupt grace) = 480
 #
@@ -98,10 +98,11 @@ run_step eviction 50 $python -m pytest -q -p no:cacheprovider \
 run_step profile 60 env TORCH_LOGS="perf_hints,recompiles" \
   $python -m benchmarks.profile_decode --steps 32 --warmup 8 --out "$out"
 
-# End to end: each of the three methods decodes for a third of the time left, less 30 s
-# of model set-up, compilation and warm-up per method.
+# End to end: the three methods share the time left (VaSE first): each decodes for its
+# share of what is left when it starts, less 30 s of compilation and warm-up, so time a
+# fast method does not need goes to the next; 10 s stay for the interrupt grace.
 left=$((deadline - $(date +%s)))
-export VASE_BENCH_DECODE_SECONDS=$(((left - 90) / 3 > 10 ? (left - 90) / 3 : 10))
+export VASE_BENCH_DECODE_DEADLINE=$((deadline - grace))
 run_step end_to_end "$left" env TORCH_LOGS="perf_hints,recompiles" $python -m pytest -q -s -p no:cacheprovider \
   benchmarks/bench_end_to_end.py --benchmark-json "$out/end_to_end.json"
 

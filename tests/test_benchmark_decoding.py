@@ -90,3 +90,19 @@ def test_decode_profile_counts_each_steps_operations(tmp_path):
     assert result.device_s is None and result.step_s > 0
     text = profile_decode.render([result], setting, torch.device("cpu"), 4)
     assert "| hf-dynamic |" in text and "not a measurement" in text
+
+
+def test_methods_share_the_time_left_before_the_deadline(monkeypatch):
+    """Each method gets an equal share of what is left when it starts, less its set-up time."""
+    from benchmarks import bench_end_to_end as suite
+
+    methods = suite.METHODS
+    monkeypatch.setattr(suite.time, "time", lambda: 1000.0)
+    monkeypatch.delenv(suite.DEADLINE_VARIABLE, raising=False)
+    assert suite.decode_seconds(methods[0]) == suite.SETTING.time_limit_s
+    monkeypatch.setenv(suite.DEADLINE_VARIABLE, str(1000.0 + 300.0))
+    shares = [suite.decode_seconds(method) for method in methods]
+    left = [len(methods) - i for i in range(len(methods))]
+    assert shares == [pytest.approx(300.0 / n - suite.SETUP_S) for n in left]
+    monkeypatch.setenv(suite.DEADLINE_VARIABLE, str(1000.0 - 5.0))  # past: the floor
+    assert suite.decode_seconds(methods[-1]) == suite.MIN_DECODE_S
