@@ -171,6 +171,32 @@ def test_prompts_file_runs_batches_and_writes_one_line_per_completion(saved_mode
     assert "prompts:          3 (20 prompt tokens)" in capsys.readouterr().out
 
 
+def test_batches_of_one_size_share_a_cache_and_generate_as_alone(saved_model_dir, tmp_path, monkeypatch):
+    """Four prompts in batches of two: the second batch reuses the first's cache (reset), and generates
+    what it generates on its own, evictions included."""
+    from vase_triton.integrations import hf_cache
+
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    made = []
+    for_model = hf_cache.VaSECache.for_model.__func__
+    monkeypatch.setattr(hf_cache.VaSECache, "for_model",
+                        classmethod(lambda cls, *a, **k: made.append(for_model(cls, *a, **k)) or made[-1]))
+    records = [{"prompt": text, "id": text} for text in ("abc", "a longer one", "third", "fourth prompt")]
+
+    def run(rows, name):
+        prompts, out = tmp_path / f"{name}.jsonl", tmp_path / f"{name}-out.jsonl"
+        prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        argv = ["generate", "--model", str(saved_model_dir), "--prompts", str(prompts), "--out", str(out),
+                "--batch-size", "2", "--max-new-tokens", "40", "--budget", "16", "--window", "4", "--temperature", "0"]
+        assert main(argv) == 0
+        return {line["id"]: (line["text"], line["evictions"]) for line in map(json.loads, out.read_text().splitlines())}
+
+    together = run(records, "together")
+    assert len(made) == 1 and together["fourth prompt"][1] > 0
+    alone = run(records[2:], "alone")
+    assert {key: together[key] for key in alone} == alone
+
+
 def test_json_summary_and_streamed_text_agree(saved_model_dir, capsys, monkeypatch):
     monkeypatch.setenv("VASE_BACKEND", "torch")
     argv = ["generate", "--model", str(saved_model_dir), "--prompt", "stream me", "--max-new-tokens", "24",

@@ -131,6 +131,37 @@ def test_same_seed_same_generation_other_seed_other_evictions(model, tokenizer, 
     assert not all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[2][1]))
 
 
+def test_generate_reuses_its_cache_when_the_size_fits(model, tokenizer, monkeypatch):
+    """Calls of the same size share one cache (reset: the outputs are those of a fresh cache, evictions
+    and their random draws included); another batch size, length or configuration gets its own."""
+    from vase_triton.integrations.patching import patch_state
+
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    config = VaSEConfig(budget=24, window=4, seed=3)
+    vase_triton.patch_qwen3(model, config)
+    inputs = tokenizer(PROMPTS[:2])
+    own = VaSECache.for_model(model, config, batch_size=2)
+    fresh = model.generate(**inputs, max_new_tokens=40, do_sample=False, cache=own)
+    first = model.generate(**inputs, max_new_tokens=40, do_sample=False)
+    cache = patch_state(model).last_cache
+    assert cache.n_evictions >= 5
+    again = model.generate(**inputs, max_new_tokens=30, do_sample=False)
+    assert patch_state(model).last_cache is cache
+    assert torch.equal(first, fresh) and torch.equal(again, fresh[:, : again.shape[1]])
+
+    model.generate(**tokenizer(PROMPTS[:1]), max_new_tokens=4, do_sample=False)
+    assert patch_state(model).last_cache is not cache  # another batch size
+    cache = patch_state(model).last_cache
+    vase_triton.patch_qwen3(model, config.replace(seed=4))
+    model.generate(**tokenizer(PROMPTS[:1]), max_new_tokens=4, do_sample=False)
+    assert patch_state(model).last_cache is not cache  # another configuration
+    vase_triton.patch_qwen3(model, VaSEConfig(policy="full", budget=24, window=4))
+    model.generate(**tokenizer(PROMPTS[:1]), max_new_tokens=4, do_sample=False)
+    cache = patch_state(model).last_cache
+    model.generate(**tokenizer(PROMPTS[:1]), max_new_tokens=5, do_sample=False)
+    assert patch_state(model).last_cache is not cache  # a full cache is sized by the length
+
+
 def test_sampling_and_num_return_sequences(model, tokenizer, monkeypatch):
     monkeypatch.setenv("VASE_BACKEND", "torch")
     vase_triton.patch_qwen3(model, budget=20, window=4)

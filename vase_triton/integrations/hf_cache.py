@@ -16,7 +16,7 @@ over GPUs with `device_map`), and are sized for the KV heads that device holds
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -114,6 +114,36 @@ def decoder_layers(model) -> Sequence[torch.nn.Module]:
     return layers
 
 
+class _Layout(NamedTuple):
+    """What a `VaSECache`'s buffers were built for."""
+
+    config: VaSEConfig
+    num_layers: int
+    batch_size: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    devices: tuple
+    capacity: Optional[int]
+    num_query_heads: Optional[int]
+
+
+def _model_geometry(model) -> dict:
+    """The `VaSECache` arguments `model` decides: layers, heads held here, head dim, dtype, per-layer devices."""
+    text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+    layers = decoder_layers(model)
+    attention = layers[0].self_attn
+    return dict(
+        num_layers=len(layers),
+        num_kv_heads=_local_rows(attention.k_proj.weight) // head_dim,
+        head_dim=head_dim,
+        dtype=model.dtype,
+        device=[_execution_device(layer) for layer in layers],
+        num_query_heads=_local_rows(attention.q_proj.weight) // head_dim,
+    )
+
+
 class VaSECache(Cache):
     """Static VaSE KV cache for a whole decoder: one `VaSECacheLayer` per layer.
 
@@ -159,6 +189,11 @@ class VaSECache(Cache):
             raise ValueError(f"device: expected one device or {num_layers} (one per layer); got {len(devices)}")
         capacity = max_length if not config.evicts else None
         self.vase_config = config
+        # What the buffers were built for: equal layouts can share one cache (see `fits`).
+        self.layout = _Layout(
+            config, num_layers, batch_size, num_kv_heads, head_dim, dtype,
+            tuple(torch.device(d) for d in devices), capacity or config.capacity, num_query_heads,
+        )  # fmt: skip
         self._scratch = PrefillScratch()
         self._workspaces: dict[torch.device, tuple[torch.Tensor, ...]] = {}
         emits = config.policy_spec.decode_emits_scores(config.score_mode)
@@ -198,21 +233,19 @@ class VaSECache(Cache):
         Each layer's buffers go where its decoder layer runs (`device_map`, accelerate hooks)
         and hold the KV heads its attention projections produce in this process.
         """
-        text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
-        layers = decoder_layers(model)
-        attention = layers[0].self_attn
-        return cls(
-            config,
-            num_layers=len(layers),
-            batch_size=batch_size,
-            num_kv_heads=_local_rows(attention.k_proj.weight) // head_dim,
-            head_dim=head_dim,
-            dtype=model.dtype,
-            device=[_execution_device(layer) for layer in layers],
-            max_length=max_length,
-            num_query_heads=_local_rows(attention.q_proj.weight) // head_dim,
-        )
+        return cls(config, batch_size=batch_size, max_length=max_length, **_model_geometry(model))
+
+    def fits(self, model, config: VaSEConfig, *, batch_size: int, max_length: Optional[int] = None) -> bool:
+        """Whether `for_model(model, config, ...)` would build buffers like this cache's, so that this
+        cache, `reset()`, can serve instead (keeping its buffers' addresses, and so the CUDA graphs
+        recorded over them)."""
+        geometry = _model_geometry(model)
+        wanted = _Layout(
+            config, geometry["num_layers"], batch_size, geometry["num_kv_heads"], geometry["head_dim"],
+            geometry["dtype"], tuple(torch.device(d) for d in geometry["device"]),
+            config.capacity if config.evicts else max_length, geometry["num_query_heads"],
+        )  # fmt: skip
+        return wanted == self.layout
 
     @property
     def capacity(self) -> int:

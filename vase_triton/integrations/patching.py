@@ -9,7 +9,8 @@ accelerate's dispatch hooks — is what the wrappers call and what `unpatch` put
 The forward wrapper does the cache's host-side bookkeeping eagerly, hands the cache to
 the attention function and splits long inputs into chunks; without a `VaSECache` it is
 a plain call of the previous forward, and attention is the model's original one. The
-generate wrapper creates a `VaSECache` sized for the call when the caller passes none.
+generate wrapper creates a `VaSECache` sized for the call when the caller passes none, or
+resets and reuses the one it made for the previous call when that has the same size.
 Nothing happens at import time.
 """
 
@@ -46,6 +47,7 @@ class _PatchState:
     previous_forward: Callable  # what the instance's `forward` was (class method or instance attribute)
     previous_generate: Callable
     saved_attributes: dict  # instance attributes replaced by the patch (absent: _MISSING)
+    last_cache: Optional[VaSECache] = None  # the cache `generate` made last, reused when it fits
 
 
 def _cache_kwarg(model) -> str:
@@ -294,7 +296,12 @@ def _patched_generate(self, *args, **kwargs):
 
 
 def _cache_for_call(model, state: _PatchState, args: tuple, kwargs: dict) -> VaSECache:
-    """A `VaSECache` sized for one `generate` call: its batch (times return sequences) and length."""
+    """A `VaSECache` sized for one `generate` call: its batch (times return sequences) and length.
+
+    The cache of the previous call, reset, when it has that size (as transformers does with its
+    static caches): its buffers keep their addresses, so the CUDA graphs recorded over them
+    under `compile_mode="reduce-overhead"` serve again instead of being recorded anew.
+    """
     inputs = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
     if inputs is None:
         inputs = kwargs.get("inputs_embeds")
@@ -307,6 +314,10 @@ def _cache_for_call(model, state: _PatchState, args: tuple, kwargs: dict) -> VaS
     max_new_tokens = _generation_setting(model, kwargs, "max_new_tokens")
     if max_new_tokens is None:
         max_new_tokens = max(1, (_generation_setting(model, kwargs, "max_length") or 0) - prompt_len)
-    return VaSECache.for_model(
-        model, state.config, batch_size=batch * num_return_sequences, max_length=prompt_len + max_new_tokens
-    )
+    size = dict(batch_size=batch * num_return_sequences, max_length=prompt_len + max_new_tokens)
+    cache = state.last_cache
+    if cache is not None and not cache.in_step and cache.fits(model, state.config, **size):
+        cache.reset()
+        return cache
+    state.last_cache = VaSECache.for_model(model, state.config, **size)
+    return state.last_cache

@@ -27,7 +27,8 @@ def standard_normal_(out: torch.Tensor, *, seed: int, eviction_index: torch.Tens
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out: expected a torch.Tensor; got {type(out).__name__}")
     if out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"out: expected a contiguous float32 tensor; got {out.dtype}, contiguous={out.is_contiguous()}")
+        contiguous = out.is_contiguous()
+        raise ValueError(f"out: expected a contiguous float32 tensor; got {out.dtype}, contiguous={contiguous}")
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
         raise ValueError(f"seed: expected an int in [0, 2**63); got {seed!r}")
     check_exact("eviction_index", eviction_index, (1,), torch.int64, "[1]")
@@ -37,5 +38,6 @@ def standard_normal_(out: torch.Tensor, *, seed: int, eviction_index: torch.Tens
 
         gaussian_triton(out, seed, eviction_index)
     else:
-        out.copy_(reference.standard_normal(out.shape, out.device, seed=seed, eviction_index=int(eviction_index.item())))
+        index = int(eviction_index.item())
+        out.copy_(reference.standard_normal(out.shape, out.device, seed=seed, eviction_index=index))
     return out
