@@ -212,6 +212,42 @@ def test_compiled_decode_step_has_no_graph_break_and_matches_eager(model, tokeni
     assert torch.equal(compiled, eager)
 
 
+@pytest.mark.parametrize("policy, score_mode", [("vase", "recompute"), ("vase", "emitted"), ("h2o", "recompute")])
+def test_compiled_decode_step_mutates_only_static_inputs(model, tokenizer, policy, score_mode):
+    """Under CUDA graphs inductor replays a compiled step only when every graph input it mutates is a
+    static input, and otherwise runs the whole step without CUDA graphs (the decode workspace a
+    `VaSECache` shares between layers once was such an input). Checked on the traced decode step's
+    own metadata, which is what inductor reads."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    seen = {}
+
+    def forward_compiler(graph, example_inputs):
+        metadata = torch._guards.TracingContext.get().fw_metadata
+        seen["mutated"] = set(metadata.mutated_inp_runtime_indices)
+        seen["static"] = set(metadata.static_input_indices)
+        return make_boxed_func(graph.forward)
+
+    config = VaSEConfig(policy=policy, budget=20, window=4, score_mode=score_mode)
+    vase_triton.patch_qwen3(model, config)
+    inputs = tokenizer(PROMPTS[0])
+    cache = VaSECache.for_model(model, config, batch_size=1)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        model(**inputs, cache=cache)
+        cache.begin_step(1)
+        step = {
+            "input_ids": torch.tensor([[7]]), "position_ids": torch.tensor([[inputs["input_ids"].shape[1]]]),
+            model._vase_patch_state.cache_kwarg: cache, "vase_cache": cache, "use_cache": True,
+        }  # fmt: skip
+        forward = type(model).forward.__get__(model)
+        torch.compile(forward, backend=aot_autograd(fw_compiler=forward_compiler), fullgraph=True)(**step)
+    torch._dynamo.reset()
+    assert len(seen["mutated"]) >= 2 * 6  # keys, values, magnitudes, positions, lengths, next positions per layer
+    assert seen["mutated"] <= seen["static"], f"mutated inputs not static: {sorted(seen['mutated'] - seen['static'])}"
+
+
 def test_patch_is_idempotent_and_context_manager_restores(model, tokenizer):
     original_forward = model.forward
     vase_triton.patch_qwen3(model, budget=64, window=16)
