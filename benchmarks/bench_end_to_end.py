@@ -22,6 +22,7 @@ import time
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from benchmarks import profiles, timing
 from benchmarks.decoding import FULL_CACHE_METHODS, HF_DYNAMIC, HF_STATIC, DecodeSetting, build_model, generate_timed
@@ -82,7 +83,9 @@ def model(device):
 def test_decode_vs_length(benchmark, device, monkeypatch, model, method):
     if device.type == "cpu":
         monkeypatch.setenv("VASE_BACKEND", "torch")
+    skips_before = counters["inductor"]["cudagraph_skips"]
     trace = generate_timed(model, method, dataclasses.replace(SETTING, time_limit_s=decode_seconds(method)), device)
+    cudagraph_skips = counters["inductor"]["cudagraph_skips"] - skips_before
     record = Record(
         SUITE, KERNEL, method.name, SETTING.name,
         compare_to=FULL_CACHE_METHODS if method.cache == "vase" else (),
@@ -98,6 +101,8 @@ def test_decode_vs_length(benchmark, device, monkeypatch, model, method):
             "decode_seconds": trace.decode_seconds,
             "tokens_per_s": trace.tokens_per_s,
             "peak_bytes": trace.peak_bytes,
+            # Compiled graphs inductor ran without CUDA graphs (the reason is in its warning log).
+            "cudagraph_skips": cudagraph_skips if device.type == "cuda" else None,
         },
     )  # fmt: skip
     timing.record_samples(benchmark, trace.step_seconds, record)

@@ -5,7 +5,9 @@ compiled as users run it, warmed up with `--warmup` tokens), then decodes `--ste
 twice: once timed by the `StepClock` (median wall time per step), once under
 `torch.profiler`. The table gives the median step, the device's busy time per step (the
 kernels' own durations; CUDA only) and their ratio: a step far longer than its device
-time is bound by the host (Python, launches, synchronisation), not by its kernels. Below
+time is bound by the host (Python, launches, synchronisation), not by its kernels. On CUDA
+it also counts the compiled graphs inductor left without CUDA graphs while the method ran
+(its `cudagraph_skips` counter; the reason is in the `torch._inductor` warning log). Below
 it, the operations with the most device time per step (on CPU, the most CPU time).
 
     python -m benchmarks.profile_decode [--steps 64] [--warmup 8] [--methods hf-static,vase-2048] [--out DIR]
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
+from torch._dynamo.utils import counters
 from torch.profiler import ProfilerActivity, profile, schedule
 from transformers import StoppingCriteria
 
@@ -42,6 +45,7 @@ class StepProfile:
     step_s: float
     device_s: Optional[float]
     operations: list[tuple[str, float, float]]  # name, seconds per step, calls per step; most time first
+    cudagraph_skips: Optional[int] = None  # compiled graphs run without CUDA graphs (CUDA only)
 
     @property
     def busy_fraction(self) -> Optional[float]:
@@ -69,6 +73,7 @@ def _device_time_us(event) -> float:
 
 def profile_method(model, method: Method, setting: DecodeSetting, device: torch.device, steps: int, warmup: int):
     """Median step and profiler averages of `steps` decode steps of `method` after `warmup` tokens."""
+    skips_before = counters["inductor"]["cudagraph_skips"]
     with prepared(model, method, setting, device, warmup=warmup) as ready:
         clock = StepClock(setting.prompt_tokens, (), ready.cache, device)
         ready.generate(model, steps + 1, stopping_criteria=[clock])
@@ -90,7 +95,8 @@ def profile_method(model, method: Method, setting: DecodeSetting, device: torch.
     costs = [(name, us, count) for name, us, count in costs if us > 0 and not name.startswith("ProfilerStep")]
     costs.sort(key=lambda item: item[1], reverse=True)
     operations = [(name, us / 1e6 / steps, count / steps) for name, us, count in costs]
-    return StepProfile(method.name, step_s, device_s, operations)
+    skips = counters["inductor"]["cudagraph_skips"] - skips_before if device.type == "cuda" else None
+    return StepProfile(method.name, step_s, device_s, operations, skips)
 
 
 def render(results: Sequence[StepProfile], setting: DecodeSetting, device: torch.device, steps: int) -> str:
@@ -98,13 +104,14 @@ def render(results: Sequence[StepProfile], setting: DecodeSetting, device: torch
     lines = [
         f"# Decode step profile: {setting.name}, {steps} steps, {where}",
         "",
-        "| method | median step | device busy per step | busy / step |",
-        "|---|---:|---:|---:|",
+        "| method | median step | device busy per step | busy / step | graphs run without CUDA graphs |",
+        "|---|---:|---:|---:|---:|",
     ]
     for result in results:
         busy = "—" if result.device_s is None else f"{result.device_s * 1e3:.3f} ms"
         fraction = "—" if result.busy_fraction is None else f"{result.busy_fraction:.0%}"
-        lines.append(f"| {result.method} | {result.step_s * 1e3:.3f} ms | {busy} | {fraction} |")
+        skips = "—" if result.cudagraph_skips is None else str(result.cudagraph_skips)
+        lines.append(f"| {result.method} | {result.step_s * 1e3:.3f} ms | {busy} | {fraction} | {skips} |")
     unit = "device" if device.type == "cuda" else "CPU"
     for result in results:
         lines += ["", f"## {result.method}: most {unit} time per step", "", "| operation | per step | calls |",

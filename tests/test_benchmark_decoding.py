@@ -87,9 +87,11 @@ def test_decode_profile_counts_each_steps_operations(tmp_path):
 
     calls = {name: per_step for name, _, per_step in result.operations}
     assert calls["aten::mm"] == 7 * setting.num_layers + 1
-    assert result.device_s is None and result.step_s > 0
+    assert result.device_s is None and result.step_s > 0 and result.cudagraph_skips is None
     text = profile_decode.render([result], setting, torch.device("cpu"), 4)
     assert "| hf-dynamic |" in text and "not a measurement" in text
+    row = next(line for line in text.splitlines() if line.startswith("| hf-dynamic |"))
+    assert row.rstrip().endswith("| — | — |")  # no device time and no CUDA graphs on CPU
 
 
 def test_methods_share_the_time_left_before_the_deadline(monkeypatch):
