@@ -161,7 +161,10 @@ def selection(cache, importance, config, temperature: float) -> tuple[torch.Tens
     rows = cache.keys.shape[0] * cache.keys.shape[1]
     sources = torch.full((rows, SELECTION["budget"]), -1, dtype=torch.int32, device=cache.keys.device)
     flags = torch.full((rows,), -1, dtype=torch.int8, device=cache.keys.device)
-    eviction.select_survivors_(cache, importance, sources, flags, temperature=temperature, config=config, **SELECTION)
+    counter = torch.zeros(1, dtype=torch.int64, device=cache.keys.device)
+    eviction.select_survivors_(
+        cache, importance, sources, flags, temperature=temperature, config=config, eviction_index=counter, **SELECTION
+    )
     return sources, flags
 
 

@@ -10,54 +10,31 @@ PyTorch reference reaches in float32 on the same keys, with a floor at float32's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
+from candidate_rows import Rows, assert_near_twin, poison_past_candidates
 from vase_triton import reference
 from vase_triton.ops.key_similarity import mean_key_similarity
 
-DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-
-
-@dataclass(frozen=True)
-class Case:
-    batch: int
-    kv_heads: int
-    slots: int
-    head_dim: int
-    window: int
-    lengths: tuple[int, ...]
-    dtype: torch.dtype
-
-    @property
-    def id(self) -> str:
-        lengths = "_".join(map(str, self.lengths))
-        return f"B{self.batch}H{self.kv_heads}N{self.slots}D{self.head_dim}W{self.window}L{lengths}-{DTYPE_NAMES[self.dtype]}"
-
-
 CASES = [
-    Case(1, 1, 1, 64, 0, (1,), torch.float32),
-    Case(2, 2, 63, 64, 8, (63, 9), torch.bfloat16),
-    Case(3, 2, 111, 128, 16, (111, 17, 16), torch.float16),
-    Case(2, 4, 257, 128, 64, (257, 300), torch.bfloat16),
-    Case(1, 3, 257, 256, 32, (200,), torch.bfloat16),
-    Case(2, 1, 111, 64, 4, (0, 111), torch.float32),
+    Rows(1, 1, 1, 64, 0, (1,), torch.float32),
+    Rows(2, 2, 63, 64, 8, (63, 9), torch.bfloat16),
+    Rows(3, 2, 111, 128, 16, (111, 17, 16), torch.float16),
+    Rows(2, 4, 257, 128, 64, (257, 300), torch.bfloat16),
+    Rows(1, 3, 257, 256, 32, (200,), torch.bfloat16),
+    Rows(2, 1, 111, 64, 4, (0, 111), torch.float32),
 ]
 
 
-def make_keys(case: Case, device, seed: int = 0):
+def make_keys(rows: Rows, device, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
-    shape = (case.batch, case.kv_heads, case.slots, case.head_dim)
     # A shared direction makes the similarities large and unequal, as in real keys.
-    keys = torch.randn(shape, generator=gen) + 2 * torch.randn(case.batch, case.kv_heads, 1, case.head_dim, generator=gen)
-    keys[:, :, min(2, case.slots - 1)] = 0.0  # a zero key
-    lengths = torch.tensor(case.lengths, dtype=torch.int32)
-    slot = torch.arange(case.slots).view(1, 1, -1, 1)
-    outside = slot >= (lengths.clamp_max(case.slots) - case.window).view(-1, 1, 1, 1)
-    keys = keys.to(case.dtype).masked_fill(outside, float("nan"))  # never a candidate: must not leak
-    return keys.to(device), lengths.to(device)
+    keys = torch.randn(rows.shape, generator=gen)
+    keys += 2 * torch.randn(rows.batch, rows.kv_heads, 1, rows.head_dim, generator=gen)
+    keys[:, :, min(2, rows.slots - 1)] = 0.0  # a zero key
+    keys = poison_past_candidates(keys.to(rows.dtype), rows)
+    return keys.to(device), torch.tensor(rows.lengths, dtype=torch.int32, device=device)
 
 
 def twin(keys: torch.Tensor, lengths: torch.Tensor, window: int) -> torch.Tensor:
@@ -76,17 +53,13 @@ def twin(keys: torch.Tensor, lengths: torch.Tensor, window: int) -> torch.Tensor
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_matches_float64_twin(case: Case, device) -> None:
+def test_matches_float64_twin(case: Rows, device) -> None:
     keys, lengths = make_keys(case, device)
     got = mean_key_similarity(keys, lengths, window=case.window)
     assert got.dtype == torch.float32 and got.shape == (case.batch, case.kv_heads, case.slots)
     assert bool(torch.isfinite(got).all())
     truth = twin(keys.cpu(), lengths.cpu(), case.window)
-    torch_float32 = reference.mean_key_similarity(keys.cpu(), lengths.cpu(), window=case.window).double()
-    scale = truth.abs().amax().clamp_min(1e-30)
-    allowed = max(4 * float((torch_float32 - truth).abs().max() / scale), 4 * torch.finfo(torch.float32).eps)
-    error = float((got.cpu().double() - truth).abs().max() / scale)
-    assert error <= allowed, (error, allowed)
+    assert_near_twin(got, truth, reference.mean_key_similarity(keys.cpu(), lengths.cpu(), window=case.window))
     assert bool((got.cpu()[truth == 0] == 0).all())  # non-candidates, the zero key, single candidates
 
 

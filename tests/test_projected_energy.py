@@ -10,81 +10,47 @@ float32's resolution.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
+from candidate_rows import Rows, assert_near_twin, poison_past_candidates
 from vase_triton import reference
 from vase_triton.ops.projected_energy import projected_energy
 
-DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-
-
-@dataclass(frozen=True)
-class Case:
-    batch: int
-    kv_heads: int
-    slots: int
-    head_dim: int
-    rank: int
-    window: int
-    lengths: tuple[int, ...]
-    dtype: torch.dtype
-
-    @property
-    def id(self) -> str:
-        lengths = "_".join(map(str, self.lengths))
-        return (
-            f"B{self.batch}H{self.kv_heads}N{self.slots}D{self.head_dim}R{self.rank}W{self.window}"
-            f"L{lengths}-{DTYPE_NAMES[self.dtype]}"
-        )
-
-
-CASES = [
-    Case(1, 1, 1, 64, 20, 0, (1,), torch.float32),
-    Case(2, 2, 63, 64, 20, 8, (63, 9), torch.bfloat16),
-    Case(3, 2, 111, 128, 1, 16, (111, 40, 16), torch.float16),
-    Case(2, 4, 257, 128, 20, 64, (257, 300), torch.bfloat16),
-    Case(1, 8, 257, 256, 33, 32, (200,), torch.bfloat16),
-    Case(2, 1, 111, 64, 17, 4, (0, 111), torch.float32),
+CASES = [  # (rows, rank of the projection)
+    (Rows(1, 1, 1, 64, 0, (1,), torch.float32), 20),
+    (Rows(2, 2, 63, 64, 8, (63, 9), torch.bfloat16), 20),
+    (Rows(3, 2, 111, 128, 16, (111, 40, 16), torch.float16), 1),
+    (Rows(2, 4, 257, 128, 64, (257, 300), torch.bfloat16), 20),
+    (Rows(1, 8, 257, 256, 32, (200,), torch.bfloat16), 33),
+    (Rows(2, 1, 111, 64, 4, (0, 111), torch.float32), 17),
 ]
 
 
-def make_inputs(case: Case, device, seed: int = 0):
+def make_inputs(rows: Rows, rank: int, device, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
-    shape = (case.batch, case.kv_heads, case.slots, case.head_dim)
-    keys = (torch.randn(shape, generator=gen) * 2).to(case.dtype)
-    values = torch.randn(shape, generator=gen).to(case.dtype)
-    projection = torch.randn(case.batch, case.kv_heads, case.head_dim, case.rank, generator=gen) / case.rank**0.5
-    lengths = torch.tensor(case.lengths, dtype=torch.int32)
-    slot = torch.arange(case.slots).view(1, 1, -1, 1)
-    outside = slot >= (lengths.clamp_max(case.slots) - case.window).view(-1, 1, 1, 1)
-    keys = keys.masked_fill(outside, float("nan"))  # never a candidate: must not leak
-    values = values.masked_fill(outside, float("nan"))
+    keys = poison_past_candidates((torch.randn(rows.shape, generator=gen) * 2).to(rows.dtype), rows)
+    values = poison_past_candidates(torch.randn(rows.shape, generator=gen).to(rows.dtype), rows)
+    projection = torch.randn(rows.batch, rows.kv_heads, rows.head_dim, rank, generator=gen) / rank**0.5
+    lengths = torch.tensor(rows.lengths, dtype=torch.int32)
     return tuple(t.to(device) for t in (keys, values, projection, lengths))
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_matches_float64_twin(case: Case, device) -> None:
-    keys, values, projection, lengths = make_inputs(case, device)
-    got = projected_energy(keys, values, projection, lengths, window=case.window)
-    assert got.dtype == torch.float32 and got.shape == (case.batch, case.kv_heads, case.slots)
+@pytest.mark.parametrize("rows, rank", CASES, ids=[f"{rows.id}-R{rank}" for rows, rank in CASES])
+def test_matches_float64_twin(rows: Rows, rank: int, device) -> None:
+    keys, values, projection, lengths = make_inputs(rows, rank, device)
+    got = projected_energy(keys, values, projection, lengths, window=rows.window)
+    assert got.dtype == torch.float32 and got.shape == (rows.batch, rows.kv_heads, rows.slots)
     assert bool(torch.isfinite(got).all())
 
     truth = reference.projected_energy(
-        keys.cpu().double(), values.cpu().double(), projection.cpu().double(), lengths.cpu(), window=case.window
+        keys.cpu().double(), values.cpu().double(), projection.cpu().double(), lengths.cpu(), window=rows.window
     )
-    n_candidates = (lengths.cpu().clamp_max(case.slots) - case.window).clamp_min(0)
-    outside = torch.arange(case.slots).view(1, 1, -1) >= n_candidates.view(-1, 1, 1)
-    assert bool((got.cpu()[outside.expand_as(got)] == 0).all())
+    assert bool((got.cpu()[rows.past_candidates().expand_as(got)] == 0).all())
     torch_float32 = reference.projected_energy(
-        keys.cpu(), values.cpu(), projection.cpu(), lengths.cpu(), window=case.window
-    ).double()
-    scale = truth.abs().amax().clamp_min(1e-30)
-    allowed = max(4 * float((torch_float32 - truth).abs().max() / scale), 4 * torch.finfo(torch.float32).eps)
-    error = float((got.cpu().double() - truth).abs().max() / scale)
-    assert error <= allowed, (error, allowed)
+        keys.cpu(), values.cpu(), projection.cpu(), lengths.cpu(), window=rows.window
+    )
+    assert_near_twin(got, truth, torch_float32)
 
 
 def test_dkv_importance_ranks_by_the_definition(device) -> None:
@@ -93,24 +59,24 @@ def test_dkv_importance_ranks_by_the_definition(device) -> None:
     from vase_triton.policies import EvictionInputs, dkv_projection, policy_importance
     from vase_triton.cache_tensors import CacheTensors
 
-    case = Case(2, 2, 40, 64, 20, 8, (40, 25), torch.float32)
-    keys, values, _, lengths = make_inputs(case, device, seed=3)
-    rows = (case.batch, case.kv_heads, case.slots)
+    case = Rows(2, 2, 40, 64, 8, (40, 25), torch.float32)
+    keys, values, _, lengths = make_inputs(case, 20, device, seed=3)
+    scores = (case.batch, case.kv_heads, case.slots)
     cache = CacheTensors(
-        torch.nan_to_num(keys), torch.nan_to_num(values), torch.zeros(rows, device=device),
-        torch.zeros(rows, device=device), torch.zeros(rows, dtype=torch.int32, device=device), lengths, lengths.clone(),
+        torch.nan_to_num(keys), torch.nan_to_num(values), torch.zeros(scores, device=device),
+        torch.zeros(scores, device=device), torch.zeros(scores, dtype=torch.int32, device=device), lengths, lengths.clone(),
     )  # fmt: skip
     config = VaSEConfig(policy="vase-dkv", budget=24, window=case.window, seed=4)
     inputs = EvictionInputs(cache=cache, attention=None, window=case.window, layer=1, eviction_index=2, seed=4)
     got = policy_importance(config, inputs).cpu().double()
-    projection = dkv_projection(config, rows[:2], case.head_dim, layer=1, eviction_index=2, device=device)
+    projection = dkv_projection(config, scores[:2], case.head_dim, layer=1, eviction_index=2, device=device)
     truth = reference.projected_energy(
         cache.keys.cpu().double(), cache.values.cpu().double(), projection.cpu().double(), lengths.cpu(),
         window=case.window,
     )  # fmt: skip
     truth = truth / truth.sum(dim=-1, keepdim=True)
     torch.testing.assert_close(got, truth, rtol=1e-5, atol=1e-9)
-    torch.testing.assert_close(got.sum(dim=-1), torch.ones(rows[:2], dtype=torch.float64), rtol=1e-6, atol=0)
+    torch.testing.assert_close(got.sum(dim=-1), torch.ones(scores[:2], dtype=torch.float64), rtol=1e-6, atol=0)
 
 
 BAD = [
@@ -127,7 +93,7 @@ BAD = [
 
 @pytest.mark.parametrize("name,corrupt,error", BAD, ids=[f"{n}{i}" for i, (n, _, _) in enumerate(BAD)])
 def test_rejects_bad_inputs(name, corrupt, error) -> None:
-    inputs = make_inputs(CASES[1], "cpu")
+    inputs = make_inputs(*CASES[1], "cpu")
     with pytest.raises(error, match=name):
         projected_energy(*corrupt(*inputs), window=8)
     with pytest.raises(ValueError, match="window"):

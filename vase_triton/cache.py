@@ -46,7 +46,7 @@ from vase_triton.policies import (
     policy_importance,
 )
 from vase_triton.seeding import GUMBEL_STREAM, stream_key
-from vase_triton.validation import FLOAT_DTYPES, check_head_dim, check_lengths, check_rank
+from vase_triton.validation import FLOAT_DTYPES, check_head_dim, check_lengths, check_non_negative_int, check_rank
 
 
 def _check_count(name: str, value: object) -> int:
@@ -158,8 +158,7 @@ class VaSECacheLayer:
         if dtype not in FLOAT_DTYPES:
             names = ", ".join(str(d).replace("torch.", "") for d in FLOAT_DTYPES)
             raise TypeError(f"dtype: expected one of ({names}); got {dtype}")
-        if not isinstance(layer_idx, int) or isinstance(layer_idx, bool) or layer_idx < 0:
-            raise ValueError(f"layer_idx: expected an int >= 0; got {layer_idx!r}")
+        check_non_negative_int("layer_idx", layer_idx)
         if config.evicts:
             if capacity is not None and capacity != config.capacity:
                 raise ValueError(

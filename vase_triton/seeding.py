@@ -14,6 +14,8 @@ Draws from a `torch.Generator` (the PyTorch reference) seed it with
 
 from __future__ import annotations
 
+from vase_triton.validation import check_non_negative_int
+
 # Purposes of eviction draws: each gets its own stream for the same (seed, layer).
 GUMBEL_STREAM = 0
 PROJECTION_STREAM = 1
@@ -35,9 +37,7 @@ def _fold(**values: int) -> int:
     """
     z = 0
     for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"{name}: expected an int >= 0; got {value!r}")
-        z = _splitmix64(z ^ (value & _MASK64))
+        z = _splitmix64(z ^ (check_non_negative_int(name, value) & _MASK64))
     return z >> 1
 
 

@@ -24,6 +24,13 @@ def host_checks_allowed(tensor: torch.Tensor) -> bool:
     return True
 
 
+def check_non_negative_int(name: str, value: object) -> int:
+    """`value` must be an int (not a bool) `>= 0`."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name}: expected an int >= 0; got {value!r}")
+    return value
+
+
 def check_tensor(name: str, value: object) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor; got {type(value).__name__}")

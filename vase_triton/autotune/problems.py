@@ -365,7 +365,7 @@ class EvictProblem(Problem):
         self.selection = dict(
             budget=budget, window=window, n_sink=min(4, budget - window),
             n_protect=min(budget // 4, budget - window), seed=self.EVICTION_SEED,
-            eviction_index=torch.zeros(1, dtype=torch.int64, device=device),  # held, so no launch allocates one
+            eviction_index=torch.zeros(1, dtype=torch.int64, device=device),  # the Gumbel draws' counter
             trigger_length=min(slots, budget + 1), noise=None,
         )  # fmt: skip
         self.sources = torch.empty((batch * heads, budget), dtype=torch.int32, device=device)

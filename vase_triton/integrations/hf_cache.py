@@ -115,7 +115,7 @@ def decoder_layers(model) -> Sequence[torch.nn.Module]:
 
 
 class _Layout(NamedTuple):
-    """What a `VaSECache`'s buffers were built for."""
+    """What a `VaSECache`'s buffers were built for (`device`: one per layer)."""
 
     config: VaSEConfig
     num_layers: int
@@ -123,9 +123,15 @@ class _Layout(NamedTuple):
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
-    devices: tuple
-    capacity: Optional[int]
+    device: tuple
+    capacity: int
     num_query_heads: Optional[int]
+
+    @classmethod
+    def of(cls, config: VaSEConfig, *, device: Sequence, max_length: Optional[int], **sizes) -> "_Layout":
+        """The layout of `VaSECache(config, device=..., max_length=..., **sizes)`, one device per layer."""
+        capacity = config.capacity if config.evicts else max_length
+        return cls(config, device=tuple(torch.device(d) for d in device), capacity=capacity, **sizes)
 
 
 def _model_geometry(model) -> dict:
@@ -190,9 +196,9 @@ class VaSECache(Cache):
         capacity = max_length if not config.evicts else None
         self.vase_config = config
         # What the buffers were built for: equal layouts can share one cache (see `fits`).
-        self.layout = _Layout(
-            config, num_layers, batch_size, num_kv_heads, head_dim, dtype,
-            tuple(torch.device(d) for d in devices), capacity or config.capacity, num_query_heads,
+        self.layout = _Layout.of(
+            config, num_layers=num_layers, batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim,
+            dtype=dtype, device=devices, max_length=max_length, num_query_heads=num_query_heads,
         )  # fmt: skip
         self._scratch = PrefillScratch()
         self._workspaces: dict[torch.device, tuple[torch.Tensor, ...]] = {}
@@ -239,12 +245,7 @@ class VaSECache(Cache):
         """Whether `for_model(model, config, ...)` would build buffers like this cache's, so that this
         cache, `reset()`, can serve instead (keeping its buffers' addresses, and so the CUDA graphs
         recorded over them)."""
-        geometry = _model_geometry(model)
-        wanted = _Layout(
-            config, geometry["num_layers"], batch_size, geometry["num_kv_heads"], geometry["head_dim"],
-            geometry["dtype"], tuple(torch.device(d) for d in geometry["device"]),
-            config.capacity if config.evicts else max_length, geometry["num_query_heads"],
-        )  # fmt: skip
+        wanted = _Layout.of(config, batch_size=batch_size, max_length=max_length, **_model_geometry(model))
         return wanted == self.layout
 
     @property

@@ -95,14 +95,14 @@ def _select_largest(ordered, eligible, count, BLOCK_R: tl.constexpr):
 
 
 @triton.jit
-def _philox_uniforms(philox_key, offsets, eviction_index_ptr):
-    """U[0, 1) float32 of philox keyed by `philox_key` at counters `(offsets, eviction index, 0, 0)`.
+def eviction_philox(philox_key, offsets, eviction_index_ptr):
+    """The four philox words of every draw of an eviction: keyed by `philox_key` (a stream of
+    `vase_triton.seeding`), at counters `(offsets, eviction index, 0, 0)`.
 
     The eviction index is read from device memory, so a captured eviction draws anew at every replay.
     """
     zero = offsets * 0
-    bits, _, _, _ = tl.philox(philox_key, offsets, zero + tl.load(eviction_index_ptr), zero, zero)
-    return tl.uint_to_uniform_float(bits)
+    return tl.philox(philox_key, offsets, zero + tl.load(eviction_index_ptr), zero, zero)
 
 
 @triton.jit
@@ -113,7 +113,8 @@ def _selection_key(weight, rows, slots, num_slots, noise_ptrs, noise_mask, inv_t
         if HAS_NOISE:
             uniform = tl.load(noise_ptrs, mask=noise_mask, other=0.5)
         else:
-            uniform = _philox_uniforms(philox_key, rows * num_slots + slots, eviction_index_ptr)
+            bits, _, _, _ = eviction_philox(philox_key, rows * num_slots + slots, eviction_index_ptr)
+            uniform = tl.uint_to_uniform_float(bits)
         uniform = tl.minimum(tl.maximum(uniform, _U_MIN), _U_MAX)
         gumbel = -tl.log(-tl.log(uniform))
         positive = weight > 0
@@ -501,9 +502,9 @@ def select_survivors_(
     n_protect: int,
     temperature: float,
     seed: int,
+    eviction_index: torch.Tensor,
     trigger_length: int,
     noise: Optional[torch.Tensor],
-    eviction_index: Optional[torch.Tensor] = None,
     config: Union[SelectConfig, TiledSelectConfig, None] = None,
 ) -> None:
     """Selection launch: write each row's survivor slots into `sources` and its eviction flag into `flags`.
@@ -511,7 +512,7 @@ def select_survivors_(
     Args:
         cache: validated `[B, Hkv, N, D]` buffers (only lengths and magnitudes are read).
         importance: `[B, Hkv, N]` float32; noise: `[B, Hkv, N]` float32 uniforms or None (philox).
-        seed: philox key; eviction_index: `[1]` int64 philox counter word, read (not advanced); None reads 0.
+        seed: philox key; eviction_index: `[1]` int64 philox counter word, read (not advanced).
         sources: `[B * Hkv, budget]` int32; flags: `[B * Hkv]` int8; both written.
         config: a `SelectConfig` (in-register kernel) or a `TiledSelectConfig` (tiled kernel);
             None takes the kernel rows of `N` slots need, tuned for this shape or heuristic.
@@ -530,8 +531,6 @@ def select_survivors_(
             config = SelectConfig(**tuned) if tuned is not None else select_heuristic(shape)
     stochastic = temperature >= MIN_TEMPERATURE
     noise_arg = noise if noise is not None else importance
-    if eviction_index is None:
-        eviction_index = torch.zeros(1, dtype=torch.int64, device=keys.device)
     n_large = max(0, n_protect - n_sink)
     shared = (
         budget, window, n_sink, n_large, trigger_length, (1.0 / temperature) if stochastic else 1.0, seed,

@@ -1,9 +1,10 @@
 """Standard normal draws on the device, keyed by a stream key and a device-side eviction counter.
 
 `_gaussian_kernel` fills a flat float32 buffer, `BLOCK_N` elements per program: element
-`i` takes two philox words at counters `(i, eviction index, 0, 0)` under the stream's key
-and turns them into one normal by the Box-Muller transform. The eviction index is read
-from device memory, so a draw captured in a CUDA graph is a fresh one at every replay.
+`i` takes two of the philox words an eviction draws at offset `i` (`eviction_philox`:
+counters `(i, eviction index, 0, 0)` under the stream's key) and turns them into one
+normal by the Box-Muller transform. The eviction index is read from device memory, so a
+draw captured in a CUDA graph is a fresh one at every replay.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from vase_triton.kernels.eviction import eviction_philox
 
 # The smallest normal float32: keeps log(u) finite (|z| <= 13.2).
 _U_MIN = tl.constexpr(1.1754943508222875e-38)
@@ -20,8 +23,7 @@ _BLOCK_N = 1024  # elements per program
 @triton.jit
 def _gaussian_kernel(out_ptr, numel, philox_key, eviction_index_ptr, BLOCK_N: tl.constexpr):
     offsets = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    zero = offsets * 0
-    radius_bits, angle_bits, _, _ = tl.philox(philox_key, offsets, zero + tl.load(eviction_index_ptr), zero, zero)
+    radius_bits, angle_bits, _, _ = eviction_philox(philox_key, offsets, eviction_index_ptr)
     radius = tl.sqrt(-2.0 * tl.log(tl.maximum(tl.uint_to_uniform_float(radius_bits), _U_MIN)))
     normal = radius * tl.cos(tl.uint_to_uniform_float(angle_bits) * 6.283185307179586)  # angle 2*pi*u
     tl.store(out_ptr + offsets, normal, mask=offsets < numel)

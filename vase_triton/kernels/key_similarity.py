@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from vase_triton.backend import interpreter_enabled
+from vase_triton.kernels.cache_rows import candidate_row, slot_tile
 
 _EPS = tl.constexpr(1e-12)  # as torch.nn.functional.normalize
 # Slots of one unit-key sum program; float32 elements of a [BLOCK_N, D] key tile on GPU.
@@ -32,10 +33,7 @@ _INTERPRETER_BLOCK_N = 512
 @triton.jit
 def _unit_keys(keys_ptr, row_base, slots, dims, candidate, in_dims, stride_kn, stride_kd):
     """`[BLOCK_N, BLOCK_D]` float32 unit keys of `slots` (zero rows outside the candidates)."""
-    keys = tl.load(
-        keys_ptr + row_base + slots[:, None] * stride_kn + dims[None, :] * stride_kd,
-        mask=candidate[:, None] & in_dims[None, :], other=0.0,
-    ).to(tl.float32)
+    keys = slot_tile(keys_ptr, row_base, slots, dims, candidate[:, None] & in_dims[None, :], stride_kn, stride_kd)
     norm = tl.sqrt(tl.sum(keys * keys, axis=1))
     return keys / tl.maximum(norm, _EPS)[:, None]
 
@@ -49,9 +47,7 @@ def _unit_key_sum_kernel(
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    batch = row // num_heads
-    head = row % num_heads
-    n_candidates = tl.minimum(tl.load(lengths_ptr + batch).to(tl.int32), num_slots) - window
+    batch, head, n_candidates = candidate_row(row, num_heads, lengths_ptr, num_slots, window)
     row_base = batch * stride_kb + head * stride_kh
     dims = tl.arange(0, BLOCK_D)
     in_dims = dims < head_dim
@@ -72,9 +68,7 @@ def _mean_similarity_kernel(
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(1).to(tl.int64)
-    batch = row // num_heads
-    head = row % num_heads
-    n_candidates = tl.minimum(tl.load(lengths_ptr + batch).to(tl.int32), num_slots) - window
+    batch, head, n_candidates = candidate_row(row, num_heads, lengths_ptr, num_slots, window)
     slots = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     candidate = slots < n_candidates

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from vase_triton.backend import interpreter_enabled
+from vase_triton.kernels.cache_rows import candidate_row, slot_tile
 
 # Float32 elements of a [BLOCK_N, D] tile per program on GPU, at 4 warps: the tiles of keys
 # and values and their 3xTF32 splits stay in registers (sm_90, D <= 128: 64 slots per
@@ -24,6 +25,14 @@ from vase_triton.backend import interpreter_enabled
 _TILE_ELEMENTS = 8192
 _INTERPRETER_BLOCK_N = 512
 _MIN_DOT = 16  # smallest tl.dot dimension
+
+
+@triton.jit
+def _energy(projection, buffer_ptr, row_base, slots, dims, mask, stride_n, stride_d):
+    """`||x G||²` of the `[BLOCK_N]` rows `x` of one buffer's tile (3xTF32: float32 accuracy)."""
+    tile = slot_tile(buffer_ptr, row_base, slots, dims, mask, stride_n, stride_d)  # [BLOCK_N, BLOCK_D]
+    projected = tl.dot(tile, projection, input_precision="tf32x3")  # [BLOCK_N, BLOCK_R]
+    return tl.sum(projected * projected, axis=1)
 
 
 @triton.jit
@@ -37,9 +46,7 @@ def _projected_energy_kernel(
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(1).to(tl.int64)
-    batch = row // num_heads
-    head = row % num_heads
-    n_candidates = tl.minimum(tl.load(lengths_ptr + batch).to(tl.int32), num_slots) - window
+    batch, head, n_candidates = candidate_row(row, num_heads, lengths_ptr, num_slots, window)
     slots = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     ranks = tl.arange(0, BLOCK_R)
@@ -51,18 +58,10 @@ def _projected_energy_kernel(
         mask=in_dims[:, None] & (ranks[None, :] < rank), other=0.0,
     )  # [BLOCK_D, BLOCK_R]
     tile_mask = candidate[:, None] & in_dims[None, :]
-    keys = tl.load(
-        keys_ptr + batch * stride_kb + head * stride_kh + slots[:, None] * stride_kn + dims[None, :] * stride_kd,
-        mask=tile_mask, other=0.0,
-    ).to(tl.float32)  # [BLOCK_N, BLOCK_D]
-    projected = tl.dot(keys, projection, input_precision="tf32x3")  # [BLOCK_N, BLOCK_R]
-    key_energy = tl.sum(projected * projected, axis=1)
-    values = tl.load(
-        values_ptr + batch * stride_vb + head * stride_vh + slots[:, None] * stride_vn + dims[None, :] * stride_vd,
-        mask=tile_mask, other=0.0,
-    ).to(tl.float32)
-    projected = tl.dot(values, projection, input_precision="tf32x3")
-    value_energy = tl.sum(projected * projected, axis=1)
+    key_energy = _energy(projection, keys_ptr, batch * stride_kb + head * stride_kh, slots, dims, tile_mask,
+                         stride_kn, stride_kd)  # fmt: skip
+    value_energy = _energy(projection, values_ptr, batch * stride_vb + head * stride_vh, slots, dims, tile_mask,
+                           stride_vn, stride_vd)  # fmt: skip
     energy = tl.where(candidate, key_energy * value_energy, 0.0)
     tl.store(energy_ptr + batch * stride_eb + head * stride_eh + slots * stride_en, energy, mask=slots < num_slots)
 

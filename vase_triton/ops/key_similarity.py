@@ -11,7 +11,7 @@ import torch
 
 from vase_triton import reference
 from vase_triton.backend import use_triton
-from vase_triton.validation import check_exact, check_rank, check_same_device
+from vase_triton.validation import check_exact, check_non_negative_int, check_rank, check_same_device
 
 
 def mean_key_similarity(keys: torch.Tensor, lengths: torch.Tensor, *, window: int) -> torch.Tensor:
@@ -30,8 +30,7 @@ def mean_key_similarity(keys: torch.Tensor, lengths: torch.Tensor, *, window: in
     check_rank("keys", keys, 4, "[B, Hkv, N, D]")
     check_exact("lengths", lengths, (keys.shape[0],), torch.int32, "[B]")
     check_same_device(("keys", "lengths"), (keys, lengths))
-    if not isinstance(window, int) or isinstance(window, bool) or window < 0:
-        raise ValueError(f"window: expected an int >= 0; got {window!r}")
+    check_non_negative_int("window", window)
     if use_triton(keys.device):
         from vase_triton.kernels.key_similarity import mean_key_similarity_triton
 

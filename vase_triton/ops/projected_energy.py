@@ -12,7 +12,7 @@ import torch
 
 from vase_triton import reference
 from vase_triton.backend import use_triton
-from vase_triton.validation import check_exact, check_rank, check_same_device
+from vase_triton.validation import check_exact, check_non_negative_int, check_rank, check_same_device
 
 
 def projected_energy(
@@ -39,8 +39,7 @@ def projected_energy(
     check_exact("projection", projection, (batch, kv_heads, head_dim, rank), torch.float32, "[B, Hkv, D, R]")
     check_exact("lengths", lengths, (batch,), torch.int32, "[B]")  # values stay on the device
     check_same_device(("keys", "values", "projection", "lengths"), (keys, values, projection, lengths))
-    if not isinstance(window, int) or isinstance(window, bool) or window < 0:
-        raise ValueError(f"window: expected an int >= 0; got {window!r}")
+    check_non_negative_int("window", window)
     if rank < 1:
         raise ValueError(f"projection: expected a rank R >= 1; got shape {list(projection.shape)}")
     if use_triton(keys.device):
