@@ -72,6 +72,7 @@ SCORE_WINDOW = 64
 DECODE_BATCH = 16
 CAPACITY = 4160
 BUDGET = 4096
+LARGEST_BUDGET = 8192  # the benchmarks' largest: its decode-time selection still holds the candidates in registers
 WINDOW = 64
 N_SINK = 4
 DKV_RANK = VaSEConfig.dkv_rank  # the default width of `vase-dkv`'s projections
@@ -206,18 +207,18 @@ def _meta_cache(batch: int, slots: int, head_dim: int, dtype: torch.dtype) -> Ca
 
 def eviction_launches(
     dtype: torch.dtype, head_dim: int, stochastic: bool, keep_scores: bool, batch: int = DECODE_BATCH,
-    slots: int = CAPACITY,
+    slots: int = CAPACITY, budget: int = BUDGET,
 ) -> list[Launch]:
-    """One `vase` eviction of `batch` x 8 rows of `slots` slots down to budget 4096."""
+    """One `vase` eviction of `batch` x 8 rows of `slots` slots down to `budget`."""
     cache = _meta_cache(batch, slots, head_dim, dtype)
     importance = _meta(batch, KV_HEADS, slots, dtype=torch.float32)
     kernels = ("_evict_select_kernel", "_evict_select_tiled_kernel", "_evict_compact_kernel")
     with recorded(eviction, *kernels) as launches:
         eviction.evict_triton(
-            cache, importance, budget=BUDGET, window=WINDOW, n_sink=N_SINK, n_protect=BUDGET // 4,
+            cache, importance, budget=budget, window=WINDOW, n_sink=N_SINK, n_protect=budget // 4,
             temperature=1.0 if stochastic else 0.0, seed=2**40 + 7, eviction_index=_meta(1, dtype=torch.int64),
             keep_scores=keep_scores,
-            trigger_length=BUDGET + 1, noise=None,
+            trigger_length=budget + 1, noise=None,
         )
     return launches
 
@@ -369,6 +370,11 @@ def cases() -> Iterator[tuple[str, list[Launch]]]:
                     f"{'gumbel' if stochastic else 'top-k'} keep_scores={keep_scores}",
                     eviction_launches(dtype, head_dim, stochastic, keep_scores),
                 )
+        large = LARGEST_BUDGET + WINDOW
+        yield (
+            f"evict B{DECODE_BATCH} Hkv{KV_HEADS} C{large} budget{LARGEST_BUDGET} D128 {name} gumbel keep_scores=False",
+            eviction_launches(dtype, 128, True, False, slots=large, budget=LARGEST_BUDGET),
+        )
         for head_dim in CACHE_HEAD_DIMS:
             for prompt in LONG_PROMPTS:
                 yield (

@@ -72,6 +72,8 @@ CASES = [
     Case(1, 1, 24, 128, torch.float16, 9, 4, 0, 5, 2.0, (24,)),
     Case(4, 2, 63, 32, torch.bfloat16, 33, 1, 1, 3, 1.0, (63, 40, 34, 33), trigger_length=34),
     Case(2, 3, 111, 64, torch.float32, 100, 11, 4, 25, 0.0, (111, 101), trigger_length=101),
+    # A power-of-two number of candidates (N - window = 64): the selection holds exactly them.
+    Case(2, 2, 72, 64, torch.float16, 40, 8, 4, 8, 1.0, (72, 50), trigger_length=41),
 ]
 
 
@@ -383,6 +385,12 @@ def test_tiled_selection_for_long_rows_equals_the_in_register_one(case, drawn, d
     check_invariants(case, state, tiled)
     for name in CacheTensors._fields:
         assert torch.equal(bits(tiled[name]), bits(resident[name])), name
+
+
+def test_decode_evictions_up_to_budget_8192_select_in_registers() -> None:
+    """The in-register selection holds the candidates only: a `budget + window` row of budget 8192 fits."""
+    assert not eviction_kernels.uses_tiled_selection(8192 + 64, 64)
+    assert eviction_kernels.uses_tiled_selection(8192 + 65, 64)
 
 
 @pytest.mark.parametrize("temperature", [1e-39, 1e-31])

@@ -150,5 +150,5 @@ def _eviction(
             ("prefill_scores", ScoresShape(batch, hq, hkv, window, slots, dim, dtype, False)),
         ]
     shape = EvictShape(batch, hkv, slots, budget, window, dim, dtype)
-    select = "evict_select_tiled" if uses_tiled_selection(slots) else "evict_select"
+    select = "evict_select_tiled" if uses_tiled_selection(slots, window) else "evict_select"
     return launches + [(select, shape), ("evict_compact", shape)]

@@ -380,7 +380,7 @@ class EvictProblem(Problem):
 
     def _heuristic_selection(self):
         """The selection launch a compaction is tuned after: the heuristic of the kernel rows of `N` slots take."""
-        if eviction.uses_tiled_selection(self.shape.num_slots):
+        if eviction.uses_tiled_selection(self.shape.num_slots, self.shape.window):
             return eviction.tiled_select_heuristic(self.shape)
         return eviction.select_heuristic(self.shape)
 

@@ -38,6 +38,7 @@ from vase_triton.kernels.eviction import (
     CompactConfig,
     SelectConfig,
     TiledSelectConfig,
+    candidate_block,
     compact_heuristic,
     select_heuristic,
     tiled_select_heuristic,
@@ -325,7 +326,7 @@ class EvictSelectSpace(KernelSpace):
         return select_heuristic(shape)._asdict()
 
     def grid(self, shape: EvictShape, profile: DeviceProfile) -> Iterator[dict]:
-        block_n = _pow2(shape.num_slots)
+        block_n = candidate_block(shape)
         for block_r in _upto(self.BLOCK_R, _pow2(shape.batch * shape.kv_heads)):
             for num_warps in self.WARPS:
                 if block_r * block_n >= 32 * num_warps:
@@ -333,7 +334,7 @@ class EvictSelectSpace(KernelSpace):
 
     def estimate(self, params: dict, shape: EvictShape) -> Resources:
         # About six [BLOCK_R, BLOCK_N] keys and masks are live at once.
-        per_thread = params["block_r"] * _pow2(shape.num_slots) / _threads(params)
+        per_thread = params["block_r"] * candidate_block(shape) / _threads(params)
         return Resources(0, int(20 + 6 * per_thread))
 
 

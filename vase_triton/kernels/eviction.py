@@ -7,11 +7,14 @@ Two launches share the work of one eviction:
   (`n_protect` in all, sinks included), the largest Gumbel-perturbed importance keys among
   the rest up to `budget - window` kept candidates, and the recent window. Each "largest
   `m`" is an exact threshold found by bisection on the order-preserving int32 image of the
-  float32 keys (32 rounds of counting `key >= t`), ties at the threshold filled in slot
-  order with `tl.cumsum`. It writes, per row, the source slot of each destination slot
+  float32 keys (at most 32 rounds of counting `key >= t`, fewer when some `t` has exactly
+  `m` keys at or above it, as distinct continuous keys soon do), ties at the threshold
+  filled in slot order with `tl.cumsum`. It writes, per row, the source slot of each destination slot
   `[0, budget)` and a flag saying whether the row is evicted at all.
-  - `_evict_select_kernel` holds `BLOCK_R` whole rows in registers: the fast path, used
-    while a row fits (`N <= _MAX_RESIDENT_SLOTS`, every decode-time eviction).
+  - `_evict_select_kernel` holds the candidate slots of `BLOCK_R` rows in registers (the
+    recent window is kept outright, its sources written without a selection): the fast
+    path, used while the candidates fit (`N - window <= _MAX_RESIDENT_SLOTS`, every
+    decode-time eviction up to budget 8192).
   - `_evict_select_tiled_kernel` walks a row in `BLOCK_N` tiles through an int32 key
     scratch and an int8 state scratch (one program per row), for long prompts: its
     register use and its compiled variants do not depend on `N`.
@@ -71,21 +74,31 @@ def _ordered_bits(x):
 
 
 @triton.jit
+def _bisection_step(lo, hi, mid, n_at_least, count):
+    """Narrow `[lo, hi]`, which holds a threshold of the `count` largest, given `n_at_least` values >= `mid`.
+
+    Bisection converges on the `count`-th largest value; it stops early (`lo == hi == mid`) when
+    exactly `count` values are at or above `mid`, which selects the same values without ties.
+    """
+    enough = n_at_least >= count
+    exact = n_at_least == count
+    return tl.where(enough, mid, lo), tl.where(exact, mid, tl.where(enough, hi, mid - 1))
+
+
+@triton.jit
 def _select_largest(ordered, eligible, count, BLOCK_R: tl.constexpr):
     """Mask of the `count` largest `ordered` values among `eligible`, ties to the earlier slot.
 
     `ordered`, `eligible`: [BLOCK_R, BLOCK_N]; `count`: scalar. Rows with fewer than
     `count` eligible slots get an unspecified mask (the caller never uses them).
     """
-    # Largest threshold t with #(eligible & ordered >= t) >= count, by bisection on int32.
+    # A threshold t with the `count` largest at or above it, by bisection on int32 (at most 32 rounds).
     lo = tl.full([BLOCK_R], -2147483648, tl.int64)
     hi = tl.full([BLOCK_R], 2147483647, tl.int64)
-    for _ in range(32):
+    while tl.max(hi - lo, axis=0) > 0:
         mid = lo + (hi - lo + 1) // 2
         n_at_least = tl.sum((eligible & (ordered >= mid.to(tl.int32)[:, None])).to(tl.int32), axis=1)
-        enough = n_at_least >= count
-        lo = tl.where(enough, mid, lo)
-        hi = tl.where(enough, hi, mid - 1)
+        lo, hi = _bisection_step(lo, hi, mid, n_at_least, count)
     threshold = lo.to(tl.int32)[:, None]  # [BLOCK_R, 1]
     above = eligible & (ordered > threshold)  # [BLOCK_R, BLOCK_N]
     ties = eligible & (ordered == threshold)  # [BLOCK_R, BLOCK_N]
@@ -155,7 +168,9 @@ def _evict_select_kernel(
     HAS_NOISE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,
 ):
+    # BLOCK_N >= N - window covers every candidate slot; BLOCK_W >= window the recent ones.
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)  # [BLOCK_R]
     row_ok = rows < num_rows
     batch = rows // num_heads
@@ -168,10 +183,8 @@ def _evict_select_kernel(
     if tl.max(evict.to(tl.int32), axis=0) > 0:
         slots = tl.arange(0, BLOCK_N)
         n_candidates = length - window  # [BLOCK_R]
-        in_row = row_ok[:, None] & (slots[None, :] < num_slots)  # [BLOCK_R, BLOCK_N]
-        candidate = in_row & (slots[None, :] < n_candidates[:, None])
+        candidate = row_ok[:, None] & (slots[None, :] < n_candidates[:, None])  # [BLOCK_R, BLOCK_N]
         sink = candidate & (slots[None, :] < n_sink)
-        recent = in_row & (slots[None, :] >= n_candidates[:, None]) & (slots[None, :] < length[:, None])
 
         # 1. value protection: the n_large largest magnitudes among the non-sink candidates.
         protected = slots[None, :] < tl.zeros([BLOCK_R, 1], tl.int32)  # [BLOCK_R, BLOCK_N], all False
@@ -190,11 +203,15 @@ def _evict_select_kernel(
         k_sampled = budget - window - n_sink - n_large
         sampled = _select_largest(_ordered_bits(key), candidate & ~sink & ~protected, k_sampled, BLOCK_R)
 
-        # 3. survivors in temporal order: destination = number of survivors before the slot.
-        keep = sink | protected | sampled | recent  # [BLOCK_R, BLOCK_N]
+        # 3. survivors in temporal order: destination = number of survivors before the slot. The
+        # `budget - window` kept candidates come first, then the recent window, all of it.
+        keep = sink | protected | sampled  # [BLOCK_R, BLOCK_N]
         destination = tl.cumsum(keep.to(tl.int32), axis=1) - 1
         src_ptrs = sources_ptr + rows[:, None] * budget + destination
         tl.store(src_ptrs, slots[None, :] + tl.zeros([BLOCK_R, BLOCK_N], tl.int32), mask=keep & evict[:, None])
+        recent = tl.arange(0, BLOCK_W)  # [BLOCK_W]
+        recent_ptrs = sources_ptr + rows[:, None] * budget + (budget - window) + recent[None, :]
+        tl.store(recent_ptrs, n_candidates[:, None] + recent[None, :], mask=evict[:, None] & (recent[None, :] < window))
 
 
 @triton.jit
@@ -206,7 +223,7 @@ def _tiled_threshold(bits_row, state_row, num_slots, count, BLOCK_N: tl.constexp
     offs = tl.arange(0, BLOCK_N)
     lo = tl.full([1], -2147483648, tl.int64)
     hi = tl.full([1], 2147483647, tl.int64)
-    for _ in range(32):
+    while tl.max(hi - lo, axis=0) > 0:
         mid = lo + (hi - lo + 1) // 2
         n_at_least = tl.zeros([1], tl.int32)
         for start in range(0, num_slots, BLOCK_N):
@@ -215,9 +232,7 @@ def _tiled_threshold(bits_row, state_row, num_slots, count, BLOCK_N: tl.constexp
             bits = tl.load(bits_row + slots, mask=in_row, other=0)
             eligible = tl.load(state_row + slots, mask=in_row, other=_OUTSIDE) == _ELIGIBLE
             n_at_least += tl.sum((eligible & (bits >= mid.to(tl.int32))).to(tl.int32), axis=0)
-        enough = n_at_least >= count
-        lo = tl.where(enough, mid, lo)
-        hi = tl.where(enough, hi, mid - 1)
+        lo, hi = _bisection_step(lo, hi, mid, n_at_least, count)
     threshold = lo.to(tl.int32)
     n_above = tl.zeros([1], tl.int32)
     for start in range(0, num_slots, BLOCK_N):
@@ -453,15 +468,21 @@ class CompactConfig(NamedTuple):
     num_warps: int
 
 
-def uses_tiled_selection(num_slots: int) -> bool:
-    """Whether rows of `num_slots` slots take the tiled selection kernel (too long to hold in registers)."""
-    return num_slots > _MAX_RESIDENT_SLOTS
+def uses_tiled_selection(num_slots: int, window: int) -> bool:
+    """Whether rows of `num_slots` slots, `window` of them recent, take the tiled selection kernel
+    (too many candidates to hold in registers)."""
+    return num_slots - window > _MAX_RESIDENT_SLOTS
+
+
+def candidate_block(shape: EvictShape) -> int:
+    """Slots the in-register selection holds per row: every candidate, `N - window` at most."""
+    return triton.next_power_of_2(shape.num_slots - shape.window)
 
 
 def select_heuristic(shape: EvictShape) -> SelectConfig:
     """Rows per program and warps of the in-register selection (`_SELECT_ELEMENTS_PER_WARP` per warp)."""
     rows = shape.batch * shape.kv_heads
-    block_n = triton.next_power_of_2(shape.num_slots)
+    block_n = candidate_block(shape)
     if interpreter_enabled():
         return SelectConfig(max(1, min(triton.next_power_of_2(rows), _INTERPRETER_TILE // block_n)), 4)
     block_r = max(1, min(triton.next_power_of_2(rows), 2048 // block_n))
@@ -521,9 +542,9 @@ def select_survivors_(
     keys, magnitudes, lengths = cache.keys, cache.magnitudes, cache.lengths
     batch, num_heads, num_slots, _ = keys.shape
     num_rows = batch * num_heads
+    shape = _evict_shape(cache, budget, window)
     if config is None:
-        shape = _evict_shape(cache, budget, window)
-        if uses_tiled_selection(num_slots):
+        if uses_tiled_selection(num_slots, window):
             tuned = tuned_params("evict_select_tiled", shape, keys.device)
             config = TiledSelectConfig(**tuned) if tuned is not None else tiled_select_heuristic(shape)
         else:
@@ -544,7 +565,7 @@ def select_survivors_(
             importance, magnitudes, noise_arg, lengths, sources, flags, eviction_index,
             num_rows, num_heads, num_slots, *shared,
             STOCHASTIC=stochastic, HAS_NOISE=noise is not None, BLOCK_R=config.block_r,
-            BLOCK_N=triton.next_power_of_2(num_slots), num_warps=config.num_warps,
+            BLOCK_N=candidate_block(shape), BLOCK_W=triton.next_power_of_2(window), num_warps=config.num_warps,
         )  # fmt: skip
     else:
         bits = torch.empty((num_rows, num_slots), dtype=torch.int32, device=keys.device)
