@@ -8,6 +8,7 @@ turns chosen candidates wrong or failing.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from vase_triton.autotune import store, tuner
 from vase_triton.autotune.device import profile_for
@@ -232,3 +233,14 @@ def test_every_problem_accepts_the_heuristic_and_rejects_a_wrong_configuration(k
     monkeypatch.setattr(module, name, spoiled)
     assert problem.check(default) is None
     assert problem.check(wrong) is not None
+
+
+def test_the_compaction_problem_moves_nearly_every_survivor(device):
+    """Compaction is timed on an eviction whose holes spread over the row, as sampled evictions' do."""
+    shape = EvictShape(2, 2, 264, 200, 8, 32, "float32")
+    default = SPACES["evict_compact"].heuristic(shape, device)
+    problem = build_problem("evict_compact", shape, device, default)
+    problem.launcher(default)
+    sources = problem.sources.view(shape.batch * shape.kv_heads, shape.budget).cpu()
+    moved = sources != torch.arange(shape.budget, dtype=sources.dtype)
+    assert moved.float().mean() > 0.9

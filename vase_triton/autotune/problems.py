@@ -350,10 +350,15 @@ class EvictProblem(Problem):
         rows = (batch, heads, slots)
         keys = _random(rows + (shape.head_dim,), dtype, device, self.generator)
         values = _random(rows + (shape.head_dim,), dtype, device, self.generator)
-        # Magnitudes on a coarse grid, so protection breaks ties; some importance exactly 0.
+        # Magnitudes on a coarse grid, so protection breaks ties. The selection problems give some
+        # importance exactly 0; the compaction's has none, so that its top-k evicts slots spread over
+        # the row and moves nearly every survivor, as sampled evictions do (ties at 0 would evict
+        # the last zeros and leave most of the row in place).
         uniform = dict(generator=self.generator, device=device)
         magnitudes = (torch.rand(rows, **uniform) * 64).round() / 8
-        self.importance = torch.rand(rows, **uniform) * (torch.rand(rows, **uniform) > 0.05)
+        self.importance = torch.rand(rows, **uniform)
+        if kernel != "evict_compact":
+            self.importance *= torch.rand(rows, **uniform) > 0.05
         positions = (torch.arange(slots, dtype=torch.int32) * 2 + 5).expand(rows).contiguous().to(device)
         lengths = torch.full((batch,), slots, dtype=torch.int32, device=device)
         self.initial = CacheTensors(
