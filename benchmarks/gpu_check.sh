@@ -8,7 +8,7 @@
 #
 # Time budget (seconds; the whole script stays under 8 minutes):
 #   environment                        ~5
-#   CUDA tests                         120  (limit; 8 processes with pytest-xdist)
+#   CUDA tests                         120  (limit; 8 processes)
 #   autotuning                          75  (limit) Qwen3-8B decode-time kernels, batch 16, budget 4096:
 #                                           the default-vs-tuned table and the stored file
 #   attention benchmarks                60  (limit) prefill + decode; roofline measured in the session
@@ -67,16 +67,21 @@ run_step() {
 } > "$out/environment.txt" 2>&1
 cat "$out/environment.txt"
 
-# The GPU's host has many cores: pytest-xdist, when installed, spreads the tests (and their
-# Triton and inductor compilations) over 8 processes sharing the GPU.
-parallel=()
-$python -c "import xdist" 2>/dev/null && parallel=(-n 8)
-run_step tests 120 $python -m pytest -q -p no:cacheprovider -rfEs --durations=15 "${parallel[@]}" \
-  tests/test_prefill_attention.py tests/test_decode_attention.py tests/test_candidate_attention.py \
-  tests/test_attention_compile.py tests/test_cache_append.py tests/test_eviction_kernel.py tests/test_sampling.py \
-  tests/test_gaussian.py tests/test_projected_energy.py tests/test_key_similarity.py tests/test_cache_layer.py \
-  tests/test_observation_window.py tests/test_cache_static_memory.py tests/test_integration_qwen3.py \
+# The GPU's host has many cores: the tests (and their Triton and inductor compilations) run in
+# 8 processes sharing the GPU, by pytest-xdist when installed, else by benchmarks.parallel_tests
+# (one log per process under OUT_DIR/tests). One process would need about 5 minutes.
+cuda_tests=(
+  tests/test_prefill_attention.py tests/test_decode_attention.py tests/test_candidate_attention.py
+  tests/test_attention_compile.py tests/test_cache_append.py tests/test_eviction_kernel.py tests/test_sampling.py
+  tests/test_gaussian.py tests/test_projected_energy.py tests/test_key_similarity.py tests/test_cache_layer.py
+  tests/test_observation_window.py tests/test_cache_static_memory.py tests/test_integration_qwen3.py
   tests/test_call_paths.py tests/test_autotune_lookup.py tests/test_eviction_graph.py
+)
+if $python -c "import xdist" 2>/dev/null; then
+  run_step tests 120 $python -m pytest -q -p no:cacheprovider -rfEs --durations=15 -n 8 "${cuda_tests[@]}"
+else
+  run_step tests 120 $python -m benchmarks.parallel_tests --jobs 8 --log-dir "$out/tests" "${cuda_tests[@]}"
+fi
 
 # Autotuning into OUT_DIR (the benchmarks below keep the launchers' heuristics): the
 # command's table compares the default and the tuned configuration of each key.
