@@ -402,10 +402,17 @@ def _evict_compact_kernel(
         m_rows = magnitudes_ptr + batch * stride_mb + head * stride_mh
         p_rows = positions_ptr + batch * stride_pb + head * stride_ph
 
+        # A tile's source slots are loaded one tile ahead (`sources` is not written here), so that
+        # its key and value loads are issued as soon as the previous tile's stores are.
+        offs_m = tl.arange(0, BLOCK_M)
+        src_rows = sources_ptr + rows[:, None] * budget  # [BLOCK_R, 1]
+        next_src = tl.load(src_rows + offs_m[None, :], mask=evict[:, None] & (offs_m[None, :] < budget), other=0)
         for start in range(0, budget, BLOCK_M):
-            dst = start + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+            dst = start + offs_m  # [BLOCK_M]
             dst_ok = evict[:, None] & (dst[None, :] < budget)  # [BLOCK_R, BLOCK_M]
-            src = tl.load(sources_ptr + rows[:, None] * budget + dst[None, :], mask=dst_ok, other=0)
+            src = next_src
+            following = dst[None, :] + BLOCK_M
+            next_src = tl.load(src_rows + following, mask=evict[:, None] & (following < budget), other=0)
             move = dst_ok & (src != dst[None, :])  # [BLOCK_R, BLOCK_M]
             src = src.to(tl.int64)
             dst = dst.to(tl.int64)
