@@ -9,13 +9,23 @@ CUDA graphs runs them (`vase_triton.eviction_graph`); the reference reads its ev
 counter back to the host, which no capture allows, so its rows are timed as eager calls,
 launch overhead included (each row states its timing). An eviction comes once every
 `window` decode steps: the report divides by `window` and shows the result as a
-percentage of one decode attention step of the same shape (the decode suite's `vase` row). GB/s counts the select-and-compact
-traffic only (`CacheShape.eviction_bytes`).
+percentage of one decode attention step of the same shape (the decode suite's `vase` row).
+GB/s counts the select-and-compact traffic only (`CacheShape.eviction_bytes`).
+
+`eviction vase (emitted)` is `vase` under `score_mode="emitted"`: its importance is the
+window attention that decode accumulated in the score buffer, so the eviction reads no
+keys before compacting. Each timed call first restores that buffer from a fixed draw of
+uniform scores (continuous, so sampled evictions spread over the row as real ones do; an
+eviction clears the buffer). Its percentage is of the decode step that emits those scores
+(the decode suite's `vase+scores` row).
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 import pytest
+import torch
 
 from benchmarks import profiles, timing
 from benchmarks.cache_layers import prefilled_layer
@@ -38,11 +48,13 @@ SHAPES = profiles.pick({
 })  # fmt: skip
 
 
-@pytest.mark.parametrize("implementation", ["vase", "reference"])
-@pytest.mark.parametrize("policy", EVICTING)
-@pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
-def test_eviction(benchmark, roofline, device, monkeypatch, shape: CacheShape, policy: str, implementation: str):
-    config = VaSEConfig(policy=policy, budget=shape.budget, window=shape.window)
+def _time_eviction(benchmark, device, monkeypatch, shape: CacheShape, config: VaSEConfig, implementation: str,
+                   kernel: str, decode_provider: str, observed: Optional[torch.Tensor] = None) -> None:
+    """Time `evict()` of a full layer of `shape` under `config`, as the `kernel` row of `implementation`.
+
+    observed: scores restored into the layer before each eviction (`emitted`), or None.
+    decode_provider: the decode suite's row whose step time the per-step cost is a percentage of.
+    """
     layer = prefilled_layer(shape, config, shape.capacity, device)
     if implementation == "reference":
         monkeypatch.setenv("VASE_BACKEND", "torch")
@@ -50,15 +62,36 @@ def test_eviction(benchmark, roofline, device, monkeypatch, shape: CacheShape, p
     def evict() -> None:
         layer.lengths.fill_(shape.capacity)
         layer.length_bound = shape.capacity
+        if observed is not None:
+            layer.scores.copy_(observed)
         layer.evict()
 
     record = Record(
-        SUITE, f"eviction {policy}", implementation, shape.name,
+        SUITE, kernel, implementation, shape.name,
         bytes_moved=shape.eviction_bytes(), roofline=COPY,
         compare_to=("reference",) if implementation == "vase" else (),
-        per_step=shape.window, relative_to=(DECODE_SUITE, DECODE_KERNEL, "vase", shape.name),
+        per_step=shape.window, relative_to=(DECODE_SUITE, DECODE_KERNEL, decode_provider, shape.name),
         details={"dtype": "bfloat16", "score_mode": config.score_mode, "n_protect": config.resolved_n_protect},
     )  # fmt: skip
     timing.measure(benchmark, evict, record, graph=implementation == "vase")
     assert bool((layer.lengths == shape.budget).all())
     assert bool((layer.positions[:, :, shape.budget :] == -1).all())
+
+
+@pytest.mark.parametrize("implementation", ["vase", "reference"])
+@pytest.mark.parametrize("policy", EVICTING)
+@pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
+def test_eviction(benchmark, roofline, device, monkeypatch, shape: CacheShape, policy: str, implementation: str):
+    config = VaSEConfig(policy=policy, budget=shape.budget, window=shape.window)
+    _time_eviction(benchmark, device, monkeypatch, shape, config, implementation, f"eviction {policy}", "vase")
+
+
+@pytest.mark.parametrize("implementation", ["vase", "reference"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
+def test_emitted_eviction(benchmark, roofline, device, monkeypatch, shape: CacheShape, implementation: str):
+    config = VaSEConfig(policy="vase", score_mode="emitted", budget=shape.budget, window=shape.window)
+    generator = torch.Generator(device=device).manual_seed(2)
+    observed = torch.rand((shape.batch, shape.layout.kv_heads, shape.capacity), generator=generator, device=device)
+    _time_eviction(
+        benchmark, device, monkeypatch, shape, config, implementation, "eviction vase (emitted)", "vase+scores", observed
+    )
