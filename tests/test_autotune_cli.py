@@ -13,7 +13,7 @@ import torch
 
 from vase_triton.autotune import command, lookup, model_shapes, settings, store, timing
 from vase_triton.autotune.device import DeviceProfile
-from vase_triton.autotune.shapes import AppendShape, DecodeShape
+from vase_triton.autotune.shapes import AppendShape, DecodeShape, EnergyShape, SimilarityShape
 from vase_triton.cli import main
 
 FAKE_GPU = DeviceProfile("NVIDIA Fake GPU", 8, (9, 0), 227 * 1024)
@@ -87,6 +87,34 @@ def test_model_launches_cover_decode_eviction_and_prefill_keys():
     assert any(kernel == "prefill_scores" and shape.causal for kernel, shape in emitted)
 
 
+def _kernels_of(policy: str, score_mode: str = "recompute") -> dict[str, list[tuple]]:
+    layout = model_shapes.layout_from_config(QWEN3_8B, "test")
+    launches = model_shapes.tuning_launches(
+        layout, batches=[16], budgets=[2048], prompt_lens=[1024], dtypes=["bfloat16"], window=64,
+        score_mode=score_mode, policy=policy, dkv_rank=12,
+    )  # fmt: skip
+    kernels: dict[str, list[tuple]] = {}
+    for kernel, shape in launches:
+        kernels.setdefault(kernel, []).append(shape)
+    return kernels
+
+
+def test_each_policy_tunes_the_importance_and_scores_its_evictions_launch():
+    dkv = _kernels_of("vase-dkv")
+    assert dkv["projected_energy"] == [EnergyShape(16, 8, 2112, 128, 12, "bfloat16")]
+    # No observation: no recomputed window attention, no emitted scores, no prefill scores.
+    assert "key_similarity" not in dkv and "prefill_scores" not in dkv
+    assert all(shape.values for shape in dkv["prefill_forward"]) and not dkv["decode"][0].scores
+    rkv = _kernels_of("rkv")
+    assert rkv["key_similarity"] == [SimilarityShape(16, 8, 2112, 128, "bfloat16")]
+    assert any(not shape.values for shape in rkv["prefill_forward"])  # the recomputed window attention
+    h2o = _kernels_of("h2o")
+    assert h2o["decode"][0].scores and "projected_energy" not in h2o
+    assert [shape.window for shape in h2o["prefill_scores"]] == [1024]  # every prompt query
+    assert [shape.window for shape in _kernels_of("tova")["prefill_scores"]] == [1]
+    assert _kernels_of("vase", "emitted")["decode"][0].scores
+
+
 @pytest.mark.parametrize(
     "config, fragment",
     [
@@ -119,6 +147,17 @@ def test_dry_run_lists_the_pruned_spaces_without_a_gpu(config_path, capsys):
     assert "evict_select B=16,N=4096,H=8:" in out and "prefill_forward" not in out
     assert "block_n=64,num_splits=5,num_stages=3,num_warps=4" in out
     assert "\n2 keys, " in out
+
+
+def test_dry_run_of_a_policy_lists_its_importance_kernel(config_path, capsys):
+    argv = ["autotune", "--config", str(config_path), "--batch", "16", "--budget", "4096", "--prompt-len", "1024",
+            "--policy", "vase-dkv", "--dkv-rank", "12", "--kernels", "projected_energy", "--dry-run"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "projected_energy B=16,N=4096,H=8,D=128,R=12,dtype=bfloat16:" in out and "\n1 keys, " in out
+    with pytest.raises(SystemExit):
+        main(["autotune", "--config", str(config_path), "--policy", "full", "--dry-run"])
+    assert "--policy: invalid choice: 'full'" in capsys.readouterr().err
 
 
 def test_tuning_without_a_gpu_is_refused_in_one_line(config_path, capsys):

@@ -3,7 +3,7 @@
 Each kernel's pruned space at a small hostile shape (odd lengths, GQA) is run under the
 interpreter, one configuration per distinct set of block sizes (warps and stages do not
 change interpreted execution), a seeded sample of `SAMPLE` where there are more. Attention
-configurations must stay within float tolerance of the float64 reference; append and
+and importance configurations must stay within float tolerance of the float64 reference; append and
 eviction configurations must give bit-identical buffers, and every eviction configuration
 must select exactly the heuristic configuration's tokens (same philox draws).
 """
@@ -17,10 +17,25 @@ import torch
 
 from vase_triton import reference
 from vase_triton.autotune.device import SM90_PROFILE, DeviceProfile
-from vase_triton.autotune.shapes import AppendShape, DecodeShape, EvictShape, PrefillShape, ScoresShape
+from vase_triton.autotune.shapes import (
+    AppendShape,
+    DecodeShape,
+    EnergyShape,
+    EvictShape,
+    PrefillShape,
+    ScoresShape,
+    SimilarityShape,
+)
 from vase_triton.autotune.spaces import SPACES
 from vase_triton.cache_tensors import CacheTensors
-from vase_triton.kernels import cache_append, decode_attention, eviction, prefill_attention
+from vase_triton.kernels import (
+    cache_append,
+    decode_attention,
+    eviction,
+    key_similarity,
+    prefill_attention,
+    projected_energy,
+)
 
 SAMPLE = 4
 TOLERANCE = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
@@ -203,6 +218,47 @@ def test_every_compaction_config_gives_the_reference_eviction(device):
             assert torch.equal(actual, wanted), (params, name)
 
 
+ENERGY_SHAPE = EnergyShape(3, 2, 111, 64, 20, "bfloat16")
+# Longer than two of the smallest chunks, so that chunk sizes change the order of the unit-key sums.
+SIMILARITY_SHAPE = SimilarityShape(3, 2, 1100, 32, "float16")
+IMPORTANCE_WINDOW = 8
+
+
+def _ragged_lengths(num_slots: int, device) -> torch.Tensor:
+    """A full row, a row without candidates and a half-full one."""
+    return torch.tensor([num_slots, 1, num_slots // 2], dtype=torch.int32, device=device)
+
+
+def test_every_projected_energy_config_matches_the_reference(device):
+    shape = ENERGY_SHAPE
+    rows = (shape.batch, shape.kv_heads, shape.num_slots, shape.head_dim)
+    keys = randn(*rows, dtype=shape.dtype, device=device, seed=21)
+    values = randn(*rows, dtype=shape.dtype, device=device, seed=22)
+    projection = randn(shape.batch, shape.kv_heads, shape.head_dim, shape.rank, dtype="float32", device=device, seed=23)
+    lengths = _ragged_lengths(shape.num_slots, device)
+    expected = reference.projected_energy(
+        keys.double(), values.double(), projection.double(), lengths, window=IMPORTANCE_WINDOW
+    )
+    for params in sampled_configs("projected_energy", shape):
+        energy = projected_energy.projected_energy_triton(
+            keys, values, projection, lengths, IMPORTANCE_WINDOW, config=projected_energy.EnergyConfig(**params)
+        )
+        torch.testing.assert_close(energy.double(), expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max()))
+
+
+def test_every_key_similarity_config_matches_the_reference(device):
+    shape = SIMILARITY_SHAPE
+    keys = randn(shape.batch, shape.kv_heads, shape.num_slots, shape.head_dim, dtype=shape.dtype, device=device, seed=24)
+    lengths = _ragged_lengths(shape.num_slots, device)
+    expected = reference.mean_key_similarity(keys.double(), lengths, window=IMPORTANCE_WINDOW)
+    configs = sampled_configs("key_similarity", shape)
+    assert len({params["chunk"] for params in configs}) > 1, configs
+    for params in configs:
+        config = key_similarity.SimilarityConfig(**params)
+        similarity = key_similarity.mean_key_similarity_triton(keys, lengths, IMPORTANCE_WINDOW, config=config)
+        torch.testing.assert_close(similarity.double(), expected, rtol=0, atol=1e-5)
+
+
 def test_pruning_drops_what_a_smaller_device_cannot_hold():
     shape = PrefillShape(1, 32, 8, 8192, 8192, 128, "bfloat16", True, True)
     space = SPACES["prefill_forward"]
@@ -220,7 +276,8 @@ def test_heuristic_parameters_are_valid_and_bad_ones_are_not(kernel: str, device
     shapes = {
         "prefill_forward": PREFILL_SHAPES[0], "prefill_scores": SCORES_SHAPE, "decode": DECODE_SHAPE,
         "decode_combine": DECODE_SHAPE, "append": APPEND_SHAPES[0], "evict_select": EVICT_SHAPE,
-        "evict_select_tiled": EVICT_SHAPE, "evict_compact": EVICT_SHAPE,
+        "evict_select_tiled": EVICT_SHAPE, "evict_compact": EVICT_SHAPE, "projected_energy": ENERGY_SHAPE,
+        "key_similarity": SIMILARITY_SHAPE,
     }  # fmt: skip
     space = SPACES[kernel]
     params = space.heuristic(shapes[kernel], device)

@@ -13,9 +13,24 @@ import torch
 from vase_triton.autotune import store, tuner
 from vase_triton.autotune.device import profile_for
 from vase_triton.autotune.problems import build_problem
-from vase_triton.autotune.shapes import AppendShape, DecodeShape, EvictShape, PrefillShape, ScoresShape
+from vase_triton.autotune.shapes import (
+    AppendShape,
+    DecodeShape,
+    EnergyShape,
+    EvictShape,
+    PrefillShape,
+    ScoresShape,
+    SimilarityShape,
+)
 from vase_triton.autotune.spaces import SPACES
-from vase_triton.kernels import cache_append, decode_attention, eviction, prefill_attention
+from vase_triton.kernels import (
+    cache_append,
+    decode_attention,
+    eviction,
+    key_similarity,
+    prefill_attention,
+    projected_energy,
+)
 
 APPEND = AppendShape(2, 8, 1, 128, "float32")
 
@@ -168,32 +183,38 @@ TINY_SHAPES = {
     "evict_select": EvictShape(2, 2, 40, 24, 6, 32, "float32"),
     "evict_select_tiled": EvictShape(1, 2, 40, 24, 6, 32, "float32"),
     "evict_compact": EvictShape(2, 2, 40, 24, 6, 32, "float32"),
+    "projected_energy": EnergyShape(2, 2, 40, 32, 5, "float32"),
+    "key_similarity": SimilarityShape(2, 2, 40, 32, "float32"),
 }
 
 
-def _corrupt_lse(args, kwargs):
+def _corrupt_lse(args, kwargs, result):
     args[5].view(-1)[0] += 1.0
 
 
-def _corrupt_scores(args, kwargs):
+def _corrupt_scores(args, kwargs, result):
     args[4].view(-1)[0] += 1.0
 
 
-def _corrupt_decode_output(args, kwargs):
+def _corrupt_decode_output(args, kwargs, result):
     kwargs["out"].view(-1)[0] += 1.0
 
 
-def _corrupt_lengths(args, kwargs):
+def _corrupt_lengths(args, kwargs, result):
     args[0].lengths[0] += 1
 
 
-def _corrupt_sources(args, kwargs):
+def _corrupt_sources(args, kwargs, result):
     sources = args[2]
     sources[0, 0] = sources[0, 1]
 
 
-def _corrupt_positions(args, kwargs):
+def _corrupt_positions(args, kwargs, result):
     args[0].positions.view(-1)[0] += 1
+
+
+def _corrupt_result(args, kwargs, result):
+    result.view(-1)[0] += 1.0
 
 
 # The launch each problem checks, and how a deliberately wrong configuration spoils its result.
@@ -206,6 +227,8 @@ CORRUPTIONS = {
     "evict_select": (eviction, "select_survivors_", _corrupt_sources),
     "evict_select_tiled": (eviction, "select_survivors_", _corrupt_sources),
     "evict_compact": (eviction, "compact_survivors_", _corrupt_positions),
+    "projected_energy": (projected_energy, "projected_energy_triton", _corrupt_result),
+    "key_similarity": (key_similarity, "mean_key_similarity_triton", _corrupt_result),
 }
 
 
@@ -227,7 +250,7 @@ def test_every_problem_accepts_the_heuristic_and_rejects_a_wrong_configuration(k
         result = launch(*args, **kwargs)
         configs = [value for value in (*args, *kwargs.values()) if hasattr(value, "_asdict")]
         if any(config._asdict() == wrong for config in configs):
-            corrupt(args, kwargs)
+            corrupt(args, kwargs, result)
         return result
 
     monkeypatch.setattr(module, name, spoiled)

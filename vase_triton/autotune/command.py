@@ -2,7 +2,7 @@
 
     vase-triton autotune --model PATH_OR_ID | --config config.json [--batch 1,8,32] [--budget 2048,4096]
         [--prompt-len 1024,8192] [--dtype bfloat16] [--window 64] [--score-mode recompute]
-        [--kernels decode,...] [--time-limit SECONDS] [--retune]
+        [--policy vase] [--dkv-rank 20] [--kernels decode,...] [--time-limit SECONDS] [--retune]
     vase-triton autotune --model ... --dry-run      # the pruned search spaces, no GPU needed
     vase-triton autotune --show | --clear           # this GPU's stored results
 
@@ -40,8 +40,11 @@ def _positive_seconds(text: str) -> float:
 def add_autotune_command(subparsers) -> None:
     """Register `autotune` on the `vase-triton` command's subparsers."""
     from vase_triton.autotune.spaces import SPACES
+    from vase_triton.config import VaSEConfig
+    from vase_triton.policies import POLICIES
 
     kernels = tuple(SPACES)
+    evicting = [name for name, policy in POLICIES.items() if policy.evicts]
     parser = subparsers.add_parser(
         "autotune",
         help="tune the kernels' launch parameters for a model's shapes on this GPU",
@@ -62,6 +65,10 @@ def add_autotune_command(subparsers) -> None:
     parser.add_argument("--window", type=positive_int, default=64, help="recent/observation window (default 64)")
     parser.add_argument("--score-mode", choices=SCORE_MODE_CHOICES, default="recompute",
                         help="how the eviction's window attention is obtained (default recompute)")  # fmt: skip
+    parser.add_argument("--policy", choices=evicting, default="vase",
+                        help="the eviction policy whose launches are tuned (default vase)")  # fmt: skip
+    parser.add_argument("--dkv-rank", type=positive_int, default=VaSEConfig.dkv_rank,
+                        help=f"vase-dkv's projection width (default {VaSEConfig.dkv_rank})")  # fmt: skip
     parser.add_argument("--kernels", type=comma_list(choice(kernels), ", ".join(kernels)), default=list(kernels),
                         help=f"kernels to tune, of {', '.join(kernels)} (default: all)")  # fmt: skip
     parser.add_argument("--time-limit", type=_positive_seconds,
@@ -106,7 +113,7 @@ def run_autotune(args) -> int:
         (kernel, shape)
         for kernel, shape in tuning_launches(
             layout, batches=args.batch, budgets=args.budget, prompt_lens=args.prompt_len, dtypes=args.dtype,
-            window=args.window, score_mode=args.score_mode,
+            window=args.window, score_mode=args.score_mode, policy=args.policy, dkv_rank=args.dkv_rank,
         )
         if kernel in args.kernels
     ]  # fmt: skip

@@ -2,15 +2,19 @@
 
 Only the attention layout is read (query heads, KV heads, head dim; no weights). For each
 dtype, batch size, budget (capacity `C = budget + window`) and prompt length `T`, a
-`vase` cache (4 sinks, `budget // 4` protected) launches:
+cache of the tuned policy (`vase` by default; 4 sinks, `budget // 4` protected) launches:
 
 - every decode step: an append of one token, decode attention over `C` slots (emitting
-  scores with `score_mode="emitted"`);
-- every `window` steps, an eviction of `C` slots, after (`recompute`) the window's
-  attention over the candidates: a forward without values and a scores pass;
-- at prefill: causal attention over the prompt and its append; with `emitted` scores, the
-  window scores of a prompt longer than `budget`; a prompt longer than `C` is compressed
-  at once, with the same recompute passes and an eviction over `T` slots.
+  scores when the policy's decode does: window policies with `score_mode="emitted"`,
+  `h2o`, `tova`);
+- every `window` steps, an eviction of `C` slots, after the policy's importance: for window
+  policies with `recompute` scores the window's attention over the candidates (a forward
+  without values and a scores pass), for `vase-dkv` the projected energy, for `rkv` also
+  the key similarity;
+- at prefill: causal attention over the prompt and its append, with the scores the
+  policy observes there (the window of a prompt longer than `budget` with `emitted`
+  scores, the last query for `tova`, every query for `h2o`); a prompt longer than `C` is
+  compressed at once, with the same importance and an eviction over `T` slots.
 
 Decode-time launches come first, so an interrupted run has tuned what matters most.
 """
@@ -22,15 +26,24 @@ import json
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
-from vase_triton.autotune.shapes import AppendShape, DecodeShape, EvictShape, PrefillShape, ScoresShape
+from vase_triton.autotune.shapes import (
+    AppendShape,
+    DecodeShape,
+    EnergyShape,
+    EvictShape,
+    PrefillShape,
+    ScoresShape,
+    SimilarityShape,
+)
 from vase_triton.autotune.spaces import SPACES
 from vase_triton.kernels.eviction import uses_tiled_selection
+from vase_triton.policies import OBSERVE_ALL_QUERIES, OBSERVE_LAST_QUERY, OBSERVE_WINDOW, Policy, get_policy
 from vase_triton.validation import SUPPORTED_HEAD_DIMS
 
 # Order of the decode-time launches: the split-K stage before the combine stage tuned with it.
 DECODE_ORDER = (
-    "decode", "decode_combine", "append", "evict_select", "evict_select_tiled", "evict_compact",
-    "prefill_forward", "prefill_scores",
+    "decode", "decode_combine", "append", "projected_energy", "key_similarity", "evict_select",
+    "evict_select_tiled", "evict_compact", "prefill_forward", "prefill_scores",
 )  # fmt: skip
 
 
@@ -109,46 +122,84 @@ def tuning_launches(
     dtypes: Iterable[str],
     window: int,
     score_mode: str,
+    policy: str = "vase",
+    dkv_rank: int = 20,
 ) -> list[tuple[str, tuple]]:
-    """(kernel, shape) of every distinct key the model's launches need, decode-time launches first."""
+    """(kernel, shape) of every distinct key the model's launches need under `policy`, decode-time launches first."""
     hq, hkv, dim = layout.q_heads, layout.kv_heads, layout.head_dim
+    chosen = get_policy(policy)
+    emits = chosen.decode_emits_scores(score_mode)
     decode, prefill = [], []
     for dtype in dtypes:
         for batch in batches:
             for budget in budgets:
                 capacity = budget + window
+                eviction = _Eviction(batch, layout, budget, window, dtype, chosen, score_mode, dkv_rank)
                 decode += [
-                    ("decode", DecodeShape(batch, hq, hkv, capacity, dim, dtype, score_mode == "emitted")),
-                    ("decode_combine", DecodeShape(batch, hq, hkv, capacity, dim, dtype, score_mode == "emitted")),
+                    ("decode", DecodeShape(batch, hq, hkv, capacity, dim, dtype, emits)),
+                    ("decode_combine", DecodeShape(batch, hq, hkv, capacity, dim, dtype, emits)),
                     ("append", AppendShape(batch, hkv, 1, dim, dtype)),
-                    *_eviction(batch, layout, capacity, budget, window, dtype, score_mode),
+                    *eviction.launches(capacity),
                 ]
                 for prompt in prompt_lens:
                     prefill += [
                         ("prefill_forward", PrefillShape(batch, hq, hkv, prompt, prompt, dim, dtype, True, True)),
                         ("append", AppendShape(batch, hkv, prompt, dim, dtype)),
                     ]
-                    if score_mode == "emitted" and prompt > budget:
-                        prefill.append(("prefill_scores", ScoresShape(batch, hq, hkv, window, prompt, dim, dtype, True)))
+                    observed = _prefill_observed_queries(chosen, score_mode, prompt, budget, window)
+                    if observed:
+                        prefill.append(("prefill_scores", ScoresShape(batch, hq, hkv, observed, prompt, dim, dtype, True)))
                     if prompt > capacity:
-                        prefill += _eviction(batch, layout, prompt, budget, window, dtype, score_mode)
+                        prefill += eviction.launches(prompt)
     distinct = {}
     for kernel, shape in sorted(decode, key=lambda item: DECODE_ORDER.index(item[0])) + prefill:
         distinct.setdefault((kernel, SPACES[kernel].key(shape)), (kernel, shape))
     return list(distinct.values())
 
 
-def _eviction(
-    batch: int, layout: AttentionLayout, slots: int, budget: int, window: int, dtype: str, score_mode: str
-) -> list[tuple[str, tuple]]:
-    """The launches of one eviction of `slots` slots (with its recomputed window attention)."""
-    hq, hkv, dim = layout.q_heads, layout.kv_heads, layout.head_dim
-    launches = []
-    if score_mode == "recompute":
-        launches += [
-            ("prefill_forward", PrefillShape(batch, hq, hkv, window, slots, dim, dtype, False, False)),
-            ("prefill_scores", ScoresShape(batch, hq, hkv, window, slots, dim, dtype, False)),
-        ]
-    shape = EvictShape(batch, hkv, slots, budget, window, dim, dtype)
-    select = "evict_select_tiled" if uses_tiled_selection(slots, window) else "evict_select"
-    return launches + [(select, shape), ("evict_compact", shape)]
+def _prefill_observed_queries(policy: Policy, score_mode: str, prompt: int, budget: int, window: int) -> int:
+    """How many of a prompt's last queries add their attention into the scores at prefill (0: none)."""
+    if policy.observation == OBSERVE_WINDOW and policy.decode_emits_scores(score_mode):
+        return min(prompt, window) if prompt > budget else 0
+    if policy.observation == OBSERVE_LAST_QUERY:
+        return 1
+    if policy.observation == OBSERVE_ALL_QUERIES:
+        return prompt
+    return 0
+
+
+# The importance kernel each policy adds to an eviction (window attention aside).
+IMPORTANCE_KERNELS = {"vase-dkv": "projected_energy", "rkv": "key_similarity"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Eviction:
+    """The launches of one eviction under `policy`: its importance, then selection and compaction."""
+
+    batch: int
+    layout: AttentionLayout
+    budget: int
+    window: int
+    dtype: str
+    policy: Policy
+    score_mode: str
+    dkv_rank: int
+
+    def launches(self, slots: int) -> list[tuple[str, tuple]]:
+        """The launches of an eviction of `slots` slots down to `budget`."""
+        batch, window, dtype = self.batch, self.window, self.dtype
+        hq, hkv, dim = self.layout.q_heads, self.layout.kv_heads, self.layout.head_dim
+        launches = []
+        if self.policy.stores_queries(self.score_mode):
+            launches += [
+                ("prefill_forward", PrefillShape(batch, hq, hkv, window, slots, dim, dtype, False, False)),
+                ("prefill_scores", ScoresShape(batch, hq, hkv, window, slots, dim, dtype, False)),
+            ]
+        importance = IMPORTANCE_KERNELS.get(self.policy.name)
+        if importance == "projected_energy":
+            launches.append((importance, EnergyShape(batch, hkv, slots, dim, self.dkv_rank, dtype)))
+        elif importance == "key_similarity":
+            launches.append((importance, SimilarityShape(batch, hkv, slots, dim, dtype)))
+        shape = EvictShape(batch, hkv, slots, self.budget, window, dim, dtype)
+        select = "evict_select_tiled" if uses_tiled_selection(slots, window) else "evict_select"
+        return launches + [(select, shape), ("evict_compact", shape)]

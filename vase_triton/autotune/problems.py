@@ -9,10 +9,10 @@ configuration `params`:
 - `problem.check(params)` runs it on freshly poisoned outputs and compares with the
   PyTorch reference, returning None, or why the configuration is wrong.
 
-Attention configurations change only rounding: a configuration passes when its largest
-error against the float64 reference (on a sample of rows for long prefills) is at most
-three times the heuristic configuration's, plus a small floor, and it wrote every
-output. Append and eviction configurations must not change anything: their buffers must
+Attention and importance (`projected_energy`, `key_similarity`) configurations change
+only rounding: a configuration passes when its largest error against the float64
+reference (on a sample of rows for long prefills) is at most three times the heuristic
+configuration's, plus a small floor, and it wrote every output. Append and eviction configurations must not change anything: their buffers must
 be bit-identical to the reference's, and the eviction's Gumbel selection (philox draws
 at offset `row * N + slot`, independent of block sizes) bit-identical to the heuristic's.
 """
@@ -25,9 +25,24 @@ from typing import Callable, Optional
 import torch
 
 from vase_triton import reference
-from vase_triton.autotune.shapes import AppendShape, DecodeShape, EvictShape, PrefillShape, ScoresShape
+from vase_triton.autotune.shapes import (
+    AppendShape,
+    DecodeShape,
+    EnergyShape,
+    EvictShape,
+    PrefillShape,
+    ScoresShape,
+    SimilarityShape,
+)
 from vase_triton.cache_tensors import CacheTensors
-from vase_triton.kernels import cache_append, decode_attention, eviction, prefill_attention
+from vase_triton.kernels import (
+    cache_append,
+    decode_attention,
+    eviction,
+    key_similarity,
+    prefill_attention,
+    projected_energy,
+)
 
 # Rows per sampled slice and slices per checked sequence of a prefill check.
 _SLICE_ROWS = 64
@@ -456,6 +471,87 @@ class EvictProblem(Problem):
         return None
 
 
+class _ImportanceProblem(_ToleranceProblem):
+    """An eviction importance pass over `[B, Hkv, N, D]` cache rows (the last sequence half full,
+    `window` recent slots), against its float64 reference on the first and the last sequence."""
+
+    config_type: type  # the kernel's launch-parameter tuple
+
+    def __init__(self, shape: tuple, device: torch.device, default: dict):
+        super().__init__(shape, device, default)
+        dtype = getattr(torch, shape.dtype)
+        rows = (shape.batch, shape.kv_heads, shape.num_slots, shape.head_dim)
+        self.keys = _random(rows, dtype, device, self.generator)
+        self.window = min(64, max(1, shape.num_slots // 4))
+        self.lengths = torch.full((shape.batch,), shape.num_slots, dtype=torch.int32, device=device)
+        self.lengths[-1] = max(self.window, shape.num_slots // 2)
+        self.output: Optional[torch.Tensor] = None
+
+    @abc.abstractmethod
+    def run(self, config) -> torch.Tensor:
+        """The kernel's `[B, Hkv, N]` output with launch parameters `config` (a `config_type`)."""
+
+    @abc.abstractmethod
+    def expected(self, batch: int) -> torch.Tensor:
+        """The float64 reference output `[Hkv, N]` of sequence `batch`."""
+
+    def launcher(self, params: dict) -> Callable[[], None]:
+        config = self.config_type(**params)
+
+        def launch() -> None:
+            self.output = self.run(config)
+
+        return launch
+
+    def error(self, params: dict) -> tuple[float, float]:
+        self.launcher(params)()
+        error, magnitude = 0.0, 1.0
+        for batch in _checked_batches(self.shape.batch):
+            expected = self.expected(batch)
+            error = max(error, _max_error(self.output[batch], expected))
+            magnitude = max(magnitude, float(expected.abs().max()))
+        return error, magnitude
+
+
+class EnergyProblem(_ImportanceProblem):
+    """`vase-dkv`'s projected energy `||kG||² · ||vG||²` through a `[D, rank]` Gaussian projection per row."""
+
+    shape: EnergyShape
+    config_type = projected_energy.EnergyConfig
+
+    def __init__(self, shape: EnergyShape, device: torch.device, default: dict):
+        super().__init__(shape, device, default)
+        self.values = _random(self.keys.shape, self.keys.dtype, device, self.generator)
+        projection_shape = (shape.batch, shape.kv_heads, shape.head_dim, shape.rank)
+        self.projection = _random(projection_shape, torch.float32, device, self.generator, scale=shape.rank**-0.5)
+
+    def run(self, config) -> torch.Tensor:
+        return projected_energy.projected_energy_triton(
+            self.keys, self.values, self.projection, self.lengths, self.window, config=config
+        )
+
+    def expected(self, batch: int) -> torch.Tensor:
+        rows = slice(batch, batch + 1)
+        return reference.projected_energy(
+            self.keys[rows].double(), self.values[rows].double(), self.projection[rows].double(),
+            self.lengths[rows], window=self.window,
+        )[0]  # fmt: skip
+
+
+class SimilarityProblem(_ImportanceProblem):
+    """`rkv`'s mean cosine similarity of each candidate key to the other candidates of its row."""
+
+    shape: SimilarityShape
+    config_type = key_similarity.SimilarityConfig
+
+    def run(self, config) -> torch.Tensor:
+        return key_similarity.mean_key_similarity_triton(self.keys, self.lengths, self.window, config=config)
+
+    def expected(self, batch: int) -> torch.Tensor:
+        rows = slice(batch, batch + 1)
+        return reference.mean_key_similarity(self.keys[rows].double(), self.lengths[rows], window=self.window)[0]
+
+
 def build_problem(kernel: str, shape: tuple, device: torch.device, default: dict, partner: Optional[dict] = None) -> Problem:
     """The problem of tuning `kernel` at `shape` on `device`.
 
@@ -474,4 +570,8 @@ def build_problem(kernel: str, shape: tuple, device: torch.device, default: dict
         return AppendProblem(shape, device, default)
     if kernel in ("evict_select", "evict_select_tiled", "evict_compact"):
         return EvictProblem(kernel, shape, device, default)
+    if kernel == "projected_energy":
+        return EnergyProblem(shape, device, default)
+    if kernel == "key_similarity":
+        return SimilarityProblem(shape, device, default)
     raise ValueError(f"kernel: expected one of the tuned kernels; got {kernel!r}")

@@ -160,3 +160,36 @@ class EvictShape(NamedTuple):
             "B": bucket(self.batch), "N": bucket(self.num_slots), "budget": bucket(self.budget),
             "H": self.kv_heads, "D": self.head_dim, "dtype": self.dtype,
         })  # fmt: skip
+
+
+class EnergyShape(NamedTuple):
+    """`vase-dkv`'s projected energy of `[B, Hkv, N, D]` keys and values through a `[D, rank]` projection."""
+
+    batch: int
+    kv_heads: int
+    num_slots: int
+    head_dim: int
+    rank: int
+    dtype: str
+
+    def key(self) -> str:
+        return format_key({
+            "B": bucket(self.batch), "N": bucket(self.num_slots), "H": self.kv_heads, "D": self.head_dim,
+            "R": self.rank, "dtype": self.dtype,
+        })  # fmt: skip
+
+
+class SimilarityShape(NamedTuple):
+    """`rkv`'s mean key similarity over `[B, Hkv, N, D]` keys."""
+
+    batch: int
+    kv_heads: int
+    num_slots: int
+    head_dim: int
+    dtype: str
+
+    def key(self) -> str:
+        return format_key({
+            "B": bucket(self.batch), "N": bucket(self.num_slots), "H": self.kv_heads, "D": self.head_dim,
+            "dtype": self.dtype,
+        })  # fmt: skip

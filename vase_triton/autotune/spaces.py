@@ -31,7 +31,15 @@ import triton
 from triton.runtime.jit import KernelInterface
 
 from vase_triton.autotune.device import DeviceProfile
-from vase_triton.autotune.shapes import AppendShape, DecodeShape, EvictShape, PrefillShape, ScoresShape
+from vase_triton.autotune.shapes import (
+    AppendShape,
+    DecodeShape,
+    EnergyShape,
+    EvictShape,
+    PrefillShape,
+    ScoresShape,
+    SimilarityShape,
+)
 from vase_triton.kernels.cache_append import AppendConfig, append_heuristic
 from vase_triton.kernels.decode_attention import CombineConfig, DecodeConfig, combine_heuristic, decode_heuristic
 from vase_triton.kernels.eviction import (
@@ -43,7 +51,9 @@ from vase_triton.kernels.eviction import (
     select_heuristic,
     tiled_select_heuristic,
 )
+from vase_triton.kernels.key_similarity import SimilarityConfig, similarity_heuristic
 from vase_triton.kernels.prefill_attention import TileConfig, forward_heuristic, scores_heuristic
+from vase_triton.kernels.projected_energy import EnergyConfig, energy_heuristic
 
 _ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 _MAX_REGISTERS_PER_THREAD = 255
@@ -392,6 +402,64 @@ class EvictCompactSpace(KernelSpace):
         return Resources(0, int(30 + per_thread * (2 * _ELEMENT_BYTES[shape.dtype] / 4 + 1)))
 
 
+class ProjectedEnergySpace(KernelSpace):
+    name = "projected_energy"
+    module = "vase_triton.kernels.projected_energy"
+    description = "vase-dkv importance: BLOCK_N slots of keys and values per program through the projection"
+    BLOCK_N = (16, 64, 128)  # tl.dot needs 16 rows at least
+    WARPS = (2, 4, 8)
+
+    config_type = EnergyConfig
+
+    def heuristic(self, shape: EnergyShape, device: torch.device) -> dict:
+        return energy_heuristic(shape)._asdict()
+
+    def grid(self, shape: EnergyShape, profile: DeviceProfile) -> Iterator[dict]:
+        # Compiled for sm_90a at D = 32 to 128: tiles above 16 slots spill unless each warp holds
+        # 16 of their rows (64 slots at 8 warps: 132 bytes at D = 128), 32-slot tiles spill at
+        # any warp count (940 bytes and more at D = 128), 16-slot tiles fit at 2 to 8 warps. At
+        # D = 256 every tile spills: no candidate there but the heuristic.
+        if shape.head_dim > 128:
+            return
+        for block_n in _upto(self.BLOCK_N, max(16, _pow2(shape.num_slots))):
+            for num_warps in self.WARPS:
+                if block_n == 16 or block_n == 16 * num_warps:
+                    yield dict(block_n=block_n, num_warps=num_warps)
+
+    def estimate(self, params: dict, shape: EnergyShape) -> Resources:
+        # The float32 tile and projection staged for tl.dot; the key and value tiles and their
+        # 3xTF32 splits in registers (sm_90 audit: 243 registers at 64 slots, D = 128, 4 warps).
+        block_d, block_r = max(16, _pow2(shape.head_dim)), max(16, _pow2(shape.rank))
+        per_thread = params["block_n"] * block_d / _threads(params)
+        return Resources((params["block_n"] + block_r) * block_d * 4, int(30 + 3.33 * per_thread))
+
+
+class KeySimilaritySpace(KernelSpace):
+    name = "key_similarity"
+    module = "vase_triton.kernels.key_similarity"
+    description = "rkv redundancy: BLOCK_N-slot key tiles, CHUNK slots per unit-key sum program"
+    BLOCK_N = (16, 32, 64, 128, 256)
+    CHUNK = (512, 1024, 2048)
+    WARPS = (2, 4, 8)
+
+    config_type = SimilarityConfig
+
+    def heuristic(self, shape: SimilarityShape, device: torch.device) -> dict:
+        return similarity_heuristic(shape)._asdict()
+
+    def grid(self, shape: SimilarityShape, profile: DeviceProfile) -> Iterator[dict]:
+        for block_n in _upto(self.BLOCK_N, _pow2(shape.num_slots)):
+            for chunk in self.CHUNK:
+                for num_warps in self.WARPS:
+                    if chunk >= block_n and block_n * _pow2(shape.head_dim) >= 32 * num_warps:
+                        yield dict(block_n=block_n, chunk=chunk, num_warps=num_warps)
+
+    def estimate(self, params: dict, shape: SimilarityShape) -> Resources:
+        # One float32 key tile and its unit keys (sm_90 audit: 86-94 registers at 64 elements per thread).
+        per_thread = params["block_n"] * _pow2(shape.head_dim) / _threads(params)
+        return Resources(0, int(30 + per_thread))
+
+
 SPACES: dict[str, KernelSpace] = {
     space.name: space
     for space in (
@@ -403,5 +471,7 @@ SPACES: dict[str, KernelSpace] = {
         EvictSelectSpace(),
         EvictSelectTiledSpace(),
         EvictCompactSpace(),
+        ProjectedEnergySpace(),
+        KeySimilaritySpace(),
     )
 }

@@ -16,10 +16,14 @@ PyTorch path writes float32 unit keys (`[B, Hkv, N, D]`) and reads them three ti
 
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 import torch
 import triton
 import triton.language as tl
 
+from vase_triton.autotune.lookup import tuned_params
+from vase_triton.autotune.shapes import SimilarityShape, dtype_name
 from vase_triton.backend import interpreter_enabled
 from vase_triton.kernels.cache_rows import candidate_row, slot_tile
 
@@ -83,29 +87,50 @@ def _mean_similarity_kernel(
     )
 
 
-def mean_key_similarity_triton(keys: torch.Tensor, lengths: torch.Tensor, window: int) -> torch.Tensor:
-    """`[B, Hkv, N]` float32 mean similarities of validated inputs (see `vase_triton.ops.mean_key_similarity`)."""
+class SimilarityConfig(NamedTuple):
+    """Key-similarity launches: `BLOCK_N`-slot key tiles in both kernels, `CHUNK` slots per
+    unit-key sum program (a multiple of `BLOCK_N`), and warps."""
+
+    block_n: int
+    chunk: int
+    num_warps: int
+
+
+def similarity_heuristic(shape: SimilarityShape) -> SimilarityConfig:
+    """`_TILE_ELEMENTS // D` slots per tile (`_INTERPRETER_BLOCK_N` interpreted), `_CHUNK`-slot chunks, 4 warps."""
+    block_d = triton.next_power_of_2(shape.head_dim)
+    block_n = _INTERPRETER_BLOCK_N if interpreter_enabled() else max(16, min(_CHUNK, _TILE_ELEMENTS // block_d))
+    block_n = min(block_n, triton.next_power_of_2(shape.num_slots))
+    return SimilarityConfig(block_n, max(_CHUNK, block_n), 4)
+
+
+def mean_key_similarity_triton(
+    keys: torch.Tensor, lengths: torch.Tensor, window: int, config: Optional[SimilarityConfig] = None
+) -> torch.Tensor:
+    """`[B, Hkv, N]` float32 mean similarities of validated inputs (see `vase_triton.ops.mean_key_similarity`).
+
+    `config`: launch parameters; None picks the tuned configuration of this shape, else the heuristic.
+    """
     batch, num_heads, num_slots, head_dim = keys.shape
     similarity = torch.empty((batch, num_heads, num_slots), dtype=torch.float32, device=keys.device)
     rows = batch * num_heads
     if similarity.numel() == 0:
         return similarity
+    if config is None:
+        shape = SimilarityShape(batch, num_heads, num_slots, head_dim, dtype_name(keys.dtype))
+        tuned = tuned_params("key_similarity", shape, keys.device)
+        config = SimilarityConfig(**tuned) if tuned is not None else similarity_heuristic(shape)
     block_d = triton.next_power_of_2(head_dim)
-    if interpreter_enabled():
-        block_n = _INTERPRETER_BLOCK_N
-    else:
-        block_n = max(16, min(_CHUNK, _TILE_ELEMENTS // block_d))
-    block_n = min(block_n, triton.next_power_of_2(num_slots))
-    chunk = max(_CHUNK, block_n)
-    chunks = triton.cdiv(num_slots, chunk)
+    chunks = triton.cdiv(num_slots, config.chunk)
     partial = torch.empty((rows, chunks, block_d), dtype=torch.float32, device=keys.device)
     shared = (num_heads, num_slots, head_dim, window, *keys.stride())
     _unit_key_sum_kernel[(rows, chunks)](
-        keys, lengths, partial, *shared, CHUNK=chunk, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4
-    )
+        keys, lengths, partial, *shared, CHUNK=config.chunk, BLOCK_N=config.block_n, BLOCK_D=block_d,
+        num_warps=config.num_warps,
+    )  # fmt: skip
     total = partial.sum(dim=1)  # [B * Hkv, BLOCK_D], chunks added in order
-    _mean_similarity_kernel[(triton.cdiv(num_slots, block_n), rows)](
-        keys, lengths, total, similarity, *shared, *similarity.stride(), BLOCK_N=block_n, BLOCK_D=block_d,
-        num_warps=4,
+    _mean_similarity_kernel[(triton.cdiv(num_slots, config.block_n), rows)](
+        keys, lengths, total, similarity, *shared, *similarity.stride(), BLOCK_N=config.block_n, BLOCK_D=block_d,
+        num_warps=config.num_warps,
     )  # fmt: skip
     return similarity

@@ -11,10 +11,14 @@ and runs two batched matmuls.
 
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 import torch
 import triton
 import triton.language as tl
 
+from vase_triton.autotune.lookup import tuned_params
+from vase_triton.autotune.shapes import EnergyShape, dtype_name
 from vase_triton.backend import interpreter_enabled
 from vase_triton.kernels.cache_rows import candidate_row, slot_tile
 
@@ -66,24 +70,48 @@ def _projected_energy_kernel(
     tl.store(energy_ptr + batch * stride_eb + head * stride_eh + slots * stride_en, energy, mask=slots < num_slots)
 
 
+class EnergyConfig(NamedTuple):
+    """Projected-energy launch: `BLOCK_N` slots per program, and warps."""
+
+    block_n: int
+    num_warps: int
+
+
+def energy_heuristic(shape: EnergyShape) -> EnergyConfig:
+    """`_TILE_ELEMENTS // D` slots (64 at most) at 4 warps on GPU; `_INTERPRETER_BLOCK_N` under the interpreter."""
+    block_d = max(_MIN_DOT, triton.next_power_of_2(shape.head_dim))
+    block_n = _INTERPRETER_BLOCK_N if interpreter_enabled() else max(_MIN_DOT, min(64, _TILE_ELEMENTS // block_d))
+    return EnergyConfig(min(block_n, max(_MIN_DOT, triton.next_power_of_2(shape.num_slots))), 4)
+
+
 def projected_energy_triton(
-    keys: torch.Tensor, values: torch.Tensor, projection: torch.Tensor, lengths: torch.Tensor, window: int
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    projection: torch.Tensor,
+    lengths: torch.Tensor,
+    window: int,
+    config: Optional[EnergyConfig] = None,
 ) -> torch.Tensor:
-    """`[B, Hkv, N]` float32 energies of validated inputs (see `vase_triton.ops.projected_energy`)."""
+    """`[B, Hkv, N]` float32 energies of validated inputs (see `vase_triton.ops.projected_energy`).
+
+    `config`: launch parameters; None picks the tuned configuration of this shape, else the heuristic.
+    """
     batch, num_heads, num_slots, head_dim = keys.shape
     rank = projection.shape[-1]
     energy = torch.empty((batch, num_heads, num_slots), dtype=torch.float32, device=keys.device)
     if energy.numel() == 0:
         return energy
+    if config is None:
+        shape = EnergyShape(batch, num_heads, num_slots, head_dim, rank, dtype_name(keys.dtype))
+        tuned = tuned_params("projected_energy", shape, keys.device)
+        config = EnergyConfig(**tuned) if tuned is not None else energy_heuristic(shape)
     block_d = max(_MIN_DOT, triton.next_power_of_2(head_dim))
     block_r = max(_MIN_DOT, triton.next_power_of_2(rank))
-    block_n = _INTERPRETER_BLOCK_N if interpreter_enabled() else max(_MIN_DOT, min(64, _TILE_ELEMENTS // block_d))
-    block_n = min(block_n, max(_MIN_DOT, triton.next_power_of_2(num_slots)))
-    grid = (triton.cdiv(num_slots, block_n), batch * num_heads)
+    grid = (triton.cdiv(num_slots, config.block_n), batch * num_heads)
     _projected_energy_kernel[grid](
         keys, values, projection, lengths, energy,
         num_heads, num_slots, head_dim, rank, window,
         *keys.stride(), *values.stride(), *projection.stride(), *energy.stride(),
-        BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_R=block_r, num_warps=4,
+        BLOCK_N=config.block_n, BLOCK_D=block_d, BLOCK_R=block_r, num_warps=config.num_warps,
     )  # fmt: skip
     return energy
