@@ -9,8 +9,8 @@ Two launches share the work of one eviction:
   `m`" is an exact threshold found by bisection on the order-preserving int32 image of the
   float32 keys (at most 32 rounds of counting `key >= t`, fewer when some `t` has exactly
   `m` keys at or above it, as distinct continuous keys soon do), ties at the threshold
-  filled in slot order with `tl.cumsum`. It writes, per row, the source slot of each destination slot
-  `[0, budget)` and a flag saying whether the row is evicted at all.
+  filled in slot order with `tl.cumsum`. It writes, per row, the source slot of each
+  destination slot `[0, budget)` and a flag saying whether the row is evicted at all.
   - `_evict_select_kernel` holds the candidate slots of `BLOCK_R` rows in registers (the
     recent window is kept outright, its sources written without a selection): the fast
     path, used while the candidates fit (`N - window <= _MAX_RESIDENT_SLOTS`, every
