@@ -49,6 +49,7 @@ from vase_triton.cache_tensors import CacheTensors  # noqa: E402
 from vase_triton.config import VaSEConfig  # noqa: E402
 from vase_triton.kernels import (  # noqa: E402
     cache_append,
+    candidate_pool,
     decode_attention,
     eviction,
     gaussian,
@@ -256,6 +257,14 @@ def dkv_launches(dtype: torch.dtype, head_dim: int) -> list[Launch]:
     return launches + energy_launches
 
 
+def pool_launches() -> list[Launch]:
+    """The window policies' importance smoothing at one eviction: a width-5 pool of `[16, 8, 4160]` attention."""
+    attention = _meta(DECODE_BATCH, KV_HEADS, CAPACITY, dtype=torch.float32)
+    with recorded(candidate_pool, "_candidate_pool_kernel") as launches:
+        candidate_pool.pooled_candidates_triton(attention, _meta(DECODE_BATCH, dtype=torch.int32), WINDOW, 5)
+    return launches
+
+
 def rkv_launches(dtype: torch.dtype, head_dim: int) -> list[Launch]:
     """`rkv`'s key redundancy at one eviction: the mean key similarities of a `[16, 8, 4160, D]` cache."""
     cache = _meta_cache(DECODE_BATCH, CAPACITY, head_dim, dtype)
@@ -348,6 +357,7 @@ def audit(launch: Launch, case: str) -> Audit:
 
 def cases() -> Iterator[tuple[str, list[Launch]]]:
     """(description, launches) of every production configuration audited."""
+    yield f"candidate pool B{DECODE_BATCH} Hkv{KV_HEADS} C{CAPACITY} width5 fp32", pool_launches()
     for dtype in DTYPES:
         name = _dtype_name(dtype)
         for head_dim in ATTENTION_HEAD_DIMS:

@@ -73,7 +73,8 @@ cat "$out/environment.txt"
 cuda_tests=(
   tests/test_prefill_attention.py tests/test_decode_attention.py tests/test_candidate_attention.py
   tests/test_attention_compile.py tests/test_cache_append.py tests/test_eviction_kernel.py tests/test_sampling.py
-  tests/test_gaussian.py tests/test_projected_energy.py tests/test_key_similarity.py tests/test_cache_layer.py
+  tests/test_gaussian.py tests/test_projected_energy.py tests/test_key_similarity.py tests/test_candidate_pool.py
+  tests/test_cache_layer.py
   tests/test_observation_window.py tests/test_cache_static_memory.py tests/test_integration_qwen3.py
   tests/test_call_paths.py tests/test_autotune_lookup.py tests/test_eviction_graph.py
 )

@@ -21,7 +21,6 @@ import types
 from typing import TYPE_CHECKING, Callable, Optional, Union
 
 import torch
-import torch.nn.functional as F
 
 from vase_triton.cache_tensors import CacheTensors, slot_mask
 from vase_triton.seeding import PROJECTION_STREAM, stream_key
@@ -139,20 +138,17 @@ def pooled_candidate_attention(config: "VaSEConfig", inputs: EvictionInputs) -> 
 
     The pool runs over candidate slots only: slots outside `[0, lengths[b] - window)` count as
     0 and the divisor is always `pool_kernel` (zero padding, `count_include_pad`), so the
-    recent window's large attention never bleeds into the last candidates.
+    recent window's large attention never bleeds into the last candidates
+    (`vase_triton.ops.pooled_candidates`).
 
     Returns:
         `[B, Hkv, N]` float32, 0 outside the candidates.
     """
-    attention = inputs.attention
-    batch, kv_heads, num_slots = attention.shape
-    candidates = inputs.candidates
-    width = config.pool_kernel
-    pooled = F.avg_pool1d(
-        (attention.to(torch.float32) * candidates).reshape(batch * kv_heads, 1, num_slots),
-        kernel_size=width, stride=1, padding=width // 2, count_include_pad=True,
-    ).view(batch, kv_heads, num_slots)
-    return pooled * candidates
+    from vase_triton.ops.candidate_pool import pooled_candidates
+
+    return pooled_candidates(
+        inputs.attention.to(torch.float32), inputs.cache.lengths, window=inputs.window, width=config.pool_kernel
+    )
 
 
 def _observed_attention(config: "VaSEConfig", inputs: EvictionInputs) -> torch.Tensor:

@@ -82,6 +82,29 @@ def mean_key_similarity(keys: torch.Tensor, lengths: torch.Tensor, *, window: in
     return torch.where(candidates, (similarity_sum - self_similarity) / (n_candidates - 1).clamp_min(1), 0.0)
 
 
+def pooled_candidates(attention: torch.Tensor, lengths: torch.Tensor, *, window: int, width: int) -> torch.Tensor:
+    """Average pool of width `width` (odd) along each row's candidates `[0, min(lengths[b], N) - window)`.
+
+    Slots outside the candidates count as 0 and the divisor is always `width` (zero padding,
+    `count_include_pad`); slots outside the candidates score 0.
+
+    Args:
+        attention: `[B, Hkv, N]` float; lengths: `[B]`.
+
+    Returns:
+        `[B, Hkv, N]` float32 (float64 for float64 inputs).
+    """
+    batch, kv_heads, num_slots = attention.shape
+    attention = attention.to(_accumulation_dtype(attention.dtype))
+    candidates = slot_mask(lengths.clamp_max(num_slots), num_slots, window)  # [B, 1, N]
+    observed = torch.where(candidates, attention, torch.zeros((), dtype=attention.dtype, device=attention.device))
+    pooled = torch.nn.functional.avg_pool1d(
+        observed.reshape(batch * kv_heads, 1, num_slots),
+        kernel_size=width, stride=1, padding=width // 2, count_include_pad=True,
+    ).view(batch, kv_heads, num_slots)  # fmt: skip
+    return torch.where(candidates, pooled, torch.zeros((), dtype=pooled.dtype, device=pooled.device))
+
+
 def masked_logits(
     q: torch.Tensor,
     k: torch.Tensor,
