@@ -79,6 +79,6 @@ class CacheTensors(NamedTuple):
 
 
 def slot_mask(lengths: torch.Tensor, num_slots: int, offset: int) -> torch.Tensor:
-    """`[B, 1, N]` bool: slot < lengths[b] - offset (the candidates when `offset` is the window)."""
+    """`[B, 1, N]` bool: slot < min(lengths[b], N) - offset (the candidates when `offset` is the window)."""
     slot = torch.arange(num_slots, device=lengths.device).view(1, 1, num_slots)
-    return slot < (lengths.to(torch.long) - offset).view(-1, 1, 1)
+    return slot < (lengths.to(torch.long).clamp_max(num_slots) - offset).view(-1, 1, 1)

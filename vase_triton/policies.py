@@ -168,8 +168,7 @@ def key_redundancy(keys: torch.Tensor, lengths: torch.Tensor, window: int) -> to
     # Imported here: the ops import the configuration, which imports this module.
     from vase_triton.ops.key_similarity import mean_key_similarity
 
-    num_slots = keys.shape[2]
-    candidates = slot_mask(lengths.clamp_max(num_slots), num_slots, window)  # [B, 1, N]
+    candidates = slot_mask(lengths, keys.shape[2], window)  # [B, 1, N]
     similarity = mean_key_similarity(keys, lengths, window=window)
     return torch.softmax(similarity.masked_fill(~candidates, -1e30), dim=-1) * candidates
 

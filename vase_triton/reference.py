@@ -49,7 +49,7 @@ def projected_energy(
     """
     dtype = _accumulation_dtype(keys.dtype)
     num_slots = keys.shape[2]
-    candidates = slot_mask(lengths.clamp_max(num_slots), num_slots, window)  # [B, 1, N]
+    candidates = slot_mask(lengths, num_slots, window)  # [B, 1, N]
     projection = projection.to(dtype)
     key_energy = (keys.to(dtype) @ projection).square().sum(dim=-1)  # [B, Hkv, N]
     value_energy = (values.to(dtype) @ projection).square().sum(dim=-1)
@@ -70,15 +70,13 @@ def mean_key_similarity(keys: torch.Tensor, lengths: torch.Tensor, *, window: in
         `[B, Hkv, N]` float32 (float64 for float64 keys), computed in float32 (float64).
     """
     dtype = _accumulation_dtype(keys.dtype)
-    num_slots = keys.shape[2]
-    lengths = lengths.clamp_max(num_slots)
-    candidates = slot_mask(lengths, num_slots, window)  # [B, 1, N]
+    candidates = slot_mask(lengths, keys.shape[2], window)  # [B, 1, N]
     unit = torch.nn.functional.normalize(keys.to(dtype), dim=-1)
     unit = torch.where(candidates.unsqueeze(-1), unit, 0.0)  # [B, Hkv, N, D]
     total = unit.sum(dim=2, keepdim=True)  # [B, Hkv, 1, D]
     self_similarity = unit.square().sum(dim=-1)  # [B, Hkv, N]
     similarity_sum = (unit @ total.transpose(-1, -2)).squeeze(-1)  # [B, Hkv, N]
-    n_candidates = (lengths.to(dtype) - window).clamp_min(0).view(-1, 1, 1)  # [B, 1, 1]
+    n_candidates = candidates.sum(dim=-1, keepdim=True).to(dtype)  # [B, 1, 1]
     return torch.where(candidates, (similarity_sum - self_similarity) / (n_candidates - 1).clamp_min(1), 0.0)
 
 
@@ -96,13 +94,13 @@ def pooled_candidates(attention: torch.Tensor, lengths: torch.Tensor, *, window:
     """
     batch, kv_heads, num_slots = attention.shape
     attention = attention.to(_accumulation_dtype(attention.dtype))
-    candidates = slot_mask(lengths.clamp_max(num_slots), num_slots, window)  # [B, 1, N]
-    observed = torch.where(candidates, attention, torch.zeros((), dtype=attention.dtype, device=attention.device))
+    candidates = slot_mask(lengths, num_slots, window)  # [B, 1, N]
+    observed = torch.where(candidates, attention, 0.0)
     pooled = torch.nn.functional.avg_pool1d(
         observed.reshape(batch * kv_heads, 1, num_slots),
         kernel_size=width, stride=1, padding=width // 2, count_include_pad=True,
     ).view(batch, kv_heads, num_slots)  # fmt: skip
-    return torch.where(candidates, pooled, torch.zeros((), dtype=pooled.dtype, device=pooled.device))
+    return torch.where(candidates, pooled, 0.0)
 
 
 def masked_logits(

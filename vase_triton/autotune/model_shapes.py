@@ -36,6 +36,7 @@ from vase_triton.autotune.shapes import (
     SimilarityShape,
 )
 from vase_triton.autotune.spaces import SPACES
+from vase_triton.config import VaSEConfig
 from vase_triton.kernels.eviction import uses_tiled_selection
 from vase_triton.policies import OBSERVE_ALL_QUERIES, OBSERVE_LAST_QUERY, OBSERVE_WINDOW, Policy, get_policy
 from vase_triton.validation import SUPPORTED_HEAD_DIMS
@@ -123,7 +124,7 @@ def tuning_launches(
     window: int,
     score_mode: str,
     policy: str = "vase",
-    dkv_rank: int = 20,
+    dkv_rank: int = VaSEConfig.dkv_rank,
 ) -> list[tuple[str, tuple]]:
     """(kernel, shape) of every distinct key the model's launches need under `policy`, decode-time launches first."""
     hq, hkv, dim = layout.q_heads, layout.kv_heads, layout.head_dim
@@ -168,10 +169,6 @@ def _prefill_observed_queries(policy: Policy, score_mode: str, prompt: int, budg
     return 0
 
 
-# The importance kernel each policy adds to an eviction (window attention aside).
-IMPORTANCE_KERNELS = {"vase-dkv": "projected_energy", "rkv": "key_similarity"}
-
-
 @dataclasses.dataclass(frozen=True)
 class _Eviction:
     """The launches of one eviction under `policy`: its importance, then selection and compaction."""
@@ -195,11 +192,11 @@ class _Eviction:
                 ("prefill_forward", PrefillShape(batch, hq, hkv, window, slots, dim, dtype, False, False)),
                 ("prefill_scores", ScoresShape(batch, hq, hkv, window, slots, dim, dtype, False)),
             ]
-        importance = IMPORTANCE_KERNELS.get(self.policy.name)
-        if importance == "projected_energy":
-            launches.append((importance, EnergyShape(batch, hkv, slots, dim, self.dkv_rank, dtype)))
-        elif importance == "key_similarity":
-            launches.append((importance, SimilarityShape(batch, hkv, slots, dim, dtype)))
+        # The policies whose importance has a kernel of its own (window attention aside).
+        if self.policy.name == "vase-dkv":
+            launches.append(("projected_energy", EnergyShape(batch, hkv, slots, dim, self.dkv_rank, dtype)))
+        elif self.policy.name == "rkv":
+            launches.append(("key_similarity", SimilarityShape(batch, hkv, slots, dim, dtype)))
         shape = EvictShape(batch, hkv, slots, self.budget, window, dim, dtype)
         select = "evict_select_tiled" if uses_tiled_selection(slots, window) else "evict_select"
         return launches + [(select, shape), ("evict_compact", shape)]

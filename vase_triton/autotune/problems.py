@@ -12,9 +12,10 @@ configuration `params`:
 Attention and importance (`projected_energy`, `key_similarity`) configurations change
 only rounding: a configuration passes when its largest error against the float64
 reference (on a sample of rows for long prefills) is at most three times the heuristic
-configuration's, plus a small floor, and it wrote every output. Append and eviction configurations must not change anything: their buffers must
-be bit-identical to the reference's, and the eviction's Gumbel selection (philox draws
-at offset `row * N + slot`, independent of block sizes) bit-identical to the heuristic's.
+configuration's, plus a small floor, and it wrote every output. Append and eviction
+configurations must not change anything: their buffers must be bit-identical to the
+reference's, and the eviction's Gumbel selection (philox draws at offset `row * N +
+slot`, independent of block sizes) bit-identical to the heuristic's.
 """
 
 from __future__ import annotations
