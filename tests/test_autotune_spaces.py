@@ -268,7 +268,19 @@ def test_pruning_drops_what_a_smaller_device_cannot_hold():
     assert 0 < len(kept) < len(large)
     assert all(space.estimate(params, shape).shared_bytes <= 99 * 1024 for params in kept)
     assert any(space.estimate(params, shape).shared_bytes > 99 * 1024 for params in large)
-    assert all(params["block_m"] <= 64 for params in space.candidates(PrefillShape(1, 32, 8, 64, 4160, 128, "bfloat16", False, False), SM90_PROFILE))
+
+
+def test_row_tiles_are_no_larger_than_the_rows_and_non_causal_rows_pack_the_group():
+    space = SPACES["prefill_forward"]
+
+    def row_tiles(q_heads: int, q_len: int, causal: bool) -> set[int]:
+        shape = PrefillShape(1, q_heads, 8, q_len, 4160, 128, "bfloat16", causal, False)
+        return {params["block_m"] for params in space.candidates(shape, SM90_PROFILE)}
+
+    assert row_tiles(32, 64, causal=True) == {64}
+    assert row_tiles(8, 64, causal=False) == {64}  # a group of one: 64 rows
+    assert row_tiles(32, 16, causal=False) == {64}  # 4 heads x 16 queries
+    assert row_tiles(32, 64, causal=False) == {64, 128}  # 4 heads x 64 queries
 
 
 @pytest.mark.parametrize("kernel", list(SPACES))

@@ -56,6 +56,10 @@ CASES = [
     Case(2, 8, 2, 63, 63, 64, True, torch.bfloat16, (63, 40), 5),
     Case(1, 8, 1, 7, 257, 128, True, torch.float32, (200,), 0),
     Case(2, 4, 1, 1, 63, 64, True, torch.bfloat16, (0, 1), 1),
+    # Non-causal launches pack the group's query heads into the row blocks: a group of 3 whose
+    # 192 rows end mid-block, and single queries of a group of 4.
+    Case(2, 6, 2, 64, 257, 64, False, torch.bfloat16, (257, 1), 64),
+    Case(1, 8, 2, 1, 111, 128, False, torch.float32, (111,), 1),
 ]
 
 

@@ -78,6 +78,10 @@ class PrefillShape(NamedTuple):
     causal: bool
     values: bool
 
+    def rows(self) -> int:
+        """Query rows a program column covers: the group's `group * Tq` when non-causal (GQA-packed), else `Tq`."""
+        return self.q_len if self.causal else self.q_len * (self.q_heads // self.kv_heads)
+
     def key(self) -> str:
         return format_key({
             "B": bucket(self.batch), "Tq": bucket(self.q_len), "Tk": bucket(self.k_len),

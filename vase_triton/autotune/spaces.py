@@ -170,7 +170,7 @@ class PrefillForwardSpace(KernelSpace):
         return forward_heuristic(shape)._asdict()
 
     def grid(self, shape: PrefillShape, profile: DeviceProfile) -> Iterator[dict]:
-        return _tile_grid(self, rows=shape.q_len, keys=shape.k_len)
+        return _tile_grid(self, rows=shape.rows(), keys=shape.k_len)
 
     def estimate(self, params: dict, shape: PrefillShape) -> Resources:
         element, dim = _ELEMENT_BYTES[shape.dtype], shape.head_dim

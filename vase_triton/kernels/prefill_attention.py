@@ -1,7 +1,8 @@
 """Prefill attention: FlashAttention-2-style forward plus window importance scores.
 
-`_prefill_forward_kernel` runs one program per (query block, batch x query head):
-an online softmax in fp32 over key blocks, writing the output and the
+`_prefill_forward_kernel` runs one program per (query block, batch x query head),
+or, non-causal, per (row block, batch x KV head) with the group's query heads packed
+into the rows: an online softmax in fp32 over key blocks, writing the output and the
 log-sum-exp. `_prefill_scores_kernel` runs one program per (key block, batch x KV
 head): it recomputes the logits of the last `score_window` queries of every query
 head of the group against its keys and sums `exp(logit - lse)` with the final
@@ -119,26 +120,39 @@ def _prefill_forward_kernel(
     CAUSAL: tl.constexpr,
     HAS_KV_LENS: tl.constexpr,
     WRITE_OUT: tl.constexpr,
+    PACK_GQA: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
+    tl.static_assert(not (CAUSAL and PACK_GQA), "a packed block mixes query positions: causal launches do not pack")
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
-    batch = pid_bh // q_heads
-    head = pid_bh % q_heads
-    kv_head = head // group
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    if PACK_GQA:
+        # Program per (row block, batch x KV head); row r is query head r // q_len of the
+        # group, query r % q_len, so every key tile loaded serves the whole group.
+        kv_heads = q_heads // group
+        batch = pid_bh // kv_heads
+        kv_head = pid_bh % kv_heads
+        row_head = kv_head * group + offs_m // q_len  # [BLOCK_M]
+        row_t = offs_m % q_len  # [BLOCK_M]
+        row_valid = offs_m < group * q_len
+    else:
+        batch = pid_bh // q_heads
+        row_head = pid_bh % q_heads
+        kv_head = row_head // group
+        row_t = offs_m
+        row_valid = offs_m < q_len
 
     seq_len = _sequence_length(kv_lens_ptr, batch, k_len, HAS_KV_LENS)
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
     offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
     offs_d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
-    row_valid = offs_m < q_len
-    q_pos = seq_len - q_len + offs_m  # [BLOCK_M]
+    q_pos = seq_len - q_len + row_t  # [BLOCK_M]
 
     # Keys in [0, full_end) are visible to every row of the block; [full_end, stop) need masks.
-    first_pos = seq_len - q_len + pid_m * BLOCK_M
     if CAUSAL:
+        first_pos = seq_len - q_len + pid_m * BLOCK_M
         last_pos = first_pos + BLOCK_M - 1
         stop = tl.maximum(tl.minimum(seq_len, last_pos + 1), 0)
         full_end = tl.maximum(tl.minimum(seq_len, first_pos + 1), 0)
@@ -147,8 +161,8 @@ def _prefill_forward_kernel(
         full_end = seq_len
     full_end = (full_end // BLOCK_N) * BLOCK_N
 
-    q_base = q_ptr + batch * stride_qb + head * stride_qh
-    q = tl.load(q_base + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_valid[:, None], other=0.0)
+    q_rows = q_ptr + batch * stride_qb + row_head * stride_qh + row_t * stride_qt  # [BLOCK_M]
+    q = tl.load(q_rows[:, None] + offs_d[None, :], mask=row_valid[:, None], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)  # [BLOCK_M, HEAD_DIM]
     k_base = k_ptr + batch * stride_kb + kv_head * stride_kh
@@ -177,13 +191,9 @@ def _prefill_forward_kernel(
     lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
 
     if WRITE_OUT:
-        out_base = out_ptr + batch * stride_ob + head * stride_oh
-        tl.store(
-            out_base + offs_m[:, None] * stride_ot + offs_d[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=row_valid[:, None],
-        )
-    tl.store(lse_ptr + batch * stride_lb + head * stride_lh + offs_m * stride_lt, lse, mask=row_valid)
+        out_rows = out_ptr + batch * stride_ob + row_head * stride_oh + row_t * stride_ot  # [BLOCK_M]
+        tl.store(out_rows[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+    tl.store(lse_ptr + batch * stride_lb + row_head * stride_lh + row_t * stride_lt, lse, mask=row_valid)
 
 
 @triton.jit
@@ -288,7 +298,7 @@ def _interpreter_block_m(rows: int) -> int:
 def forward_heuristic(shape: PrefillShape) -> TileConfig:
     """Tiles of the forward kernel by head dim and dtype (interpreter: row blocks sized to the rows)."""
     if interpreter_enabled():
-        return TileConfig(_interpreter_block_m(shape.q_len), 128, 4, 1)
+        return TileConfig(_interpreter_block_m(shape.rows()), 128, 4, 1)
     if shape.dtype == "float32":
         return TileConfig(64, 32, 4, 2) if shape.head_dim <= 128 else TileConfig(32, 32, 4, 1)
     if shape.head_dim <= 64:
@@ -340,17 +350,26 @@ def launch_forward(
 ) -> None:
     """Forward kernel over `[B, Hq, Tq, D]` queries: `lse` always, `out` when `write_out`.
 
+    A non-causal launch packs the query heads of each KV group into its row blocks
+    (`group * Tq` rows per KV head), so short query windows fill the tiles and every key tile
+    is loaded once per group rather than once per query head.
+
     `config`: launch parameters; None picks the tuned configuration of this shape, else the heuristic.
     """
     batch, q_heads, q_len, head_dim = q.shape
+    kv_heads = k.shape[1]
     upcast, precision = _dot_settings(q.dtype)
     cfg = config
     if cfg is None:
-        shape = PrefillShape(
-            batch, q_heads, k.shape[1], q_len, k.shape[2], head_dim, dtype_name(q.dtype), causal, write_out
-        )
+        dtype = dtype_name(q.dtype)
+        shape = PrefillShape(batch, q_heads, kv_heads, q_len, k.shape[2], head_dim, dtype, causal, write_out)
         cfg = _tuned_or_heuristic("prefill_forward", shape, q.device, forward_heuristic)
-    _prefill_forward_kernel[(triton.cdiv(q_len, cfg.block_m), batch * q_heads)](
+    pack_gqa = not causal
+    if pack_gqa:
+        grid = (triton.cdiv(q_len * (q_heads // kv_heads), cfg.block_m), batch * kv_heads)
+    else:
+        grid = (triton.cdiv(q_len, cfg.block_m), batch * q_heads)
+    _prefill_forward_kernel[grid](
         q, k, v, lens if lens is not None else q, out, lse,
         q_heads, q_len, k.shape[2], q_heads // k.shape[1], float(scale) * _LOG2E,
         q.stride(0), q.stride(1), q.stride(2),
@@ -359,8 +378,8 @@ def launch_forward(
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1), lse.stride(2),
         HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        CAUSAL=causal, HAS_KV_LENS=lens is not None, WRITE_OUT=write_out, UPCAST=upcast, DOT_PRECISION=precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        CAUSAL=causal, HAS_KV_LENS=lens is not None, WRITE_OUT=write_out, PACK_GQA=pack_gqa,
+        UPCAST=upcast, DOT_PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 
