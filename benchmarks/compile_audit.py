@@ -391,7 +391,7 @@ def cases() -> Iterator[tuple[str, list[Launch]]]:
                     f"evict prompt B1 Hkv{KV_HEADS} N{prompt} D{head_dim} {name} gumbel",
                     eviction_launches(dtype, head_dim, True, False, batch=1, slots=prompt),
                 )
-        for head_dim in CACHE_HEAD_DIMS:
+        for head_dim in ATTENTION_HEAD_DIMS:
             yield (
                 f"vase-dkv importance B{DECODE_BATCH} Hkv{KV_HEADS} C{CAPACITY} D{head_dim} rank{DKV_RANK} {name}",
                 dkv_launches(dtype, head_dim),

@@ -53,6 +53,25 @@ def test_matches_float64_twin(rows: Rows, rank: int, device) -> None:
     assert_near_twin(got, truth, torch_float32)
 
 
+@pytest.mark.parametrize("block_d", [16, 32, 64])
+def test_head_dim_slices_match_the_twin(block_d: int, device) -> None:
+    """The GPU launches walk D in slices (the interpreter's heuristic takes D whole): each slice
+    width accumulates the same energies, NaN past the candidates still unread."""
+    from vase_triton.kernels.projected_energy import EnergyConfig, projected_energy_triton
+
+    rows, rank = CASES[4]  # D = 256 in 4 to 16 slices, rank 33 padded to 64
+    keys, values, projection, lengths = make_inputs(rows, rank, device)
+    got = projected_energy_triton(keys, values, projection, lengths, rows.window, config=EnergyConfig(64, block_d, 4))
+    truth = reference.projected_energy(
+        keys.cpu().double(), values.cpu().double(), projection.cpu().double(), lengths.cpu(), window=rows.window
+    )
+    torch_float32 = reference.projected_energy(
+        keys.cpu(), values.cpu(), projection.cpu(), lengths.cpu(), window=rows.window
+    )
+    assert bool((got.cpu()[rows.past_candidates().expand_as(got)] == 0).all())
+    assert_near_twin(got, truth, torch_float32)
+
+
 def test_dkv_importance_ranks_by_the_definition(device) -> None:
     """Through the policy: the normalised energy of each row sums to 1 and orders the slots as the twin does."""
     from vase_triton.config import VaSEConfig

@@ -405,8 +405,9 @@ class EvictCompactSpace(KernelSpace):
 class ProjectedEnergySpace(KernelSpace):
     name = "projected_energy"
     module = "vase_triton.kernels.projected_energy"
-    description = "vase-dkv importance: BLOCK_N slots of keys and values per program through the projection"
+    description = "vase-dkv importance: BLOCK_N slots per program through the projection in BLOCK_D-wide slices"
     BLOCK_N = (16, 64, 128)  # tl.dot needs 16 rows at least
+    BLOCK_D = (16, 32, 64)
     WARPS = (2, 4, 8)
 
     config_type = EnergyConfig
@@ -415,23 +416,25 @@ class ProjectedEnergySpace(KernelSpace):
         return energy_heuristic(shape)._asdict()
 
     def grid(self, shape: EnergyShape, profile: DeviceProfile) -> Iterator[dict]:
-        # Compiled for sm_90a at D = 32 to 128: tiles above 16 slots spill unless each warp holds
-        # 16 of their rows (64 slots at 8 warps: 132 bytes at D = 128), 32-slot tiles spill at
-        # any warp count (940 bytes and more at D = 128), 16-slot tiles fit at 2 to 8 warps. At
-        # D = 256 every tile spills: no candidate there but the heuristic.
-        if shape.head_dim > 128:
-            return
+        # Compiled for sm_90a (registers do not depend on D past the slice): 32-slot tiles take
+        # 193 registers or more at 32-wide slices and 16-slot tiles at 2 warps spill at 64-wide
+        # ones, so a tile holds 16 slots (4 or 8 warps) or 16 per warp; the estimate drops the
+        # 64-wide slices of 64- and 128-slot tiles (225 to 243 registers).
         for block_n in _upto(self.BLOCK_N, max(16, _pow2(shape.num_slots))):
-            for num_warps in self.WARPS:
-                if block_n == 16 or block_n == 16 * num_warps:
-                    yield dict(block_n=block_n, num_warps=num_warps)
+            for block_d in _upto(self.BLOCK_D, max(16, _pow2(shape.head_dim))):
+                for num_warps in self.WARPS:
+                    if block_n == 16 * num_warps or (block_n == 16 and num_warps >= 4):
+                        yield dict(block_n=block_n, block_d=block_d, num_warps=num_warps)
 
     def estimate(self, params: dict, shape: EnergyShape) -> Resources:
-        # The float32 tile and projection staged for tl.dot; the key and value tiles and their
-        # 3xTF32 splits in registers (sm_90 audit: 243 registers at 64 slots, D = 128, 4 warps).
-        block_d, block_r = max(16, _pow2(shape.head_dim)), max(16, _pow2(shape.rank))
-        per_thread = params["block_n"] * block_d / _threads(params)
-        return Resources((params["block_n"] + block_r) * block_d * 4, int(30 + 3.33 * per_thread))
+        # Pipelined slices of keys, values (cache dtype) and projection (float32) in shared
+        # memory; in registers the two [BLOCK_N, BLOCK_R] products and the key and value slices
+        # with their 3xTF32 splits (sm_90 audit: 154 registers at 64 slots, 32-wide slices, 4 warps).
+        block_n, block_d, block_r = params["block_n"], params["block_d"], max(16, _pow2(shape.rank))
+        stages = 3
+        shared = stages * (2 * block_n * block_d * _ELEMENT_BYTES[shape.dtype] + block_d * block_r * 4)
+        live = (2 * block_n * block_r + 7 * block_n * block_d) / _threads(params)
+        return Resources(shared, int(30 + live))
 
 
 class KeySimilaritySpace(KernelSpace):
