@@ -36,7 +36,15 @@ def package_versions() -> dict[str, Optional[str]]:
             versions[package] = None
     versions["torch"] = torch.__version__
     versions["cuda"] = torch.version.cuda
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    versions["cudnn"] = None if cudnn is None else str(cudnn)
     return versions
+
+
+def sdpa_backends() -> list[str]:
+    """The backends PyTorch's scaled_dot_product_attention may pick (the baselines' attention)."""
+    names = ("flash", "mem_efficient", "cudnn", "math")
+    return [name for name in names if getattr(torch.backends.cuda, f"{name}_sdp_enabled")()]
 
 
 def describe(profile: str, roofline: Optional[dict[str, Any]]) -> dict[str, Any]:
@@ -53,6 +61,7 @@ def describe(profile: str, roofline: Optional[dict[str, Any]]) -> dict[str, Any]
         ),
         "roofline": roofline,
         "threads": torch.get_num_threads(),
+        "sdpa_backends": sdpa_backends(),
     }
     if torch.cuda.is_available():
         properties = torch.cuda.get_device_properties(torch.cuda.current_device())

@@ -64,6 +64,8 @@ run_step() {
   echo "commit: ${VASE_BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
   $python -c "import sys, torch, triton, transformers; print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__, '| transformers', transformers.__version__)"
+  # The baselines' SDPA picks among these; a cuDNN SDPA plan is built per new key length.
+  $python -c "import torch.backends as b; print('cudnn', b.cudnn.version(), '| SDPA backends enabled:', *(n for n in ('flash', 'mem_efficient', 'cudnn', 'math') if getattr(b.cuda, n + '_sdp_enabled')()))"
 } > "$out/environment.txt" 2>&1
 cat "$out/environment.txt"
 
