@@ -11,7 +11,7 @@ Shapes use `B` batch, `Hq` query heads, `Hkv` key/value heads (`Hq % Hkv == 0`,
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -392,7 +392,23 @@ def _largest_mask(values: torch.Tensor, eligible: torch.Tensor, count: int) -> t
     return chosen & eligible
 
 
-def select_keep_mask(
+class Survivors(NamedTuple):
+    """The survivors of one eviction of every row by kind (`[B, Hkv, N]` bool each), and the
+    values the protected and the sampled were ranked by (`[B, Hkv, N]` float32)."""
+
+    sinks: torch.Tensor
+    protected: torch.Tensor
+    sampled: torch.Tensor
+    recent: torch.Tensor
+    magnitudes: torch.Tensor
+    sampling_keys: torch.Tensor
+
+    def mask(self) -> torch.Tensor:
+        """`[B, Hkv, N]` bool: every survivor."""
+        return self.sinks | self.protected | self.sampled | self.recent
+
+
+def select_survivors(
     importance: torch.Tensor,
     magnitudes: torch.Tensor,
     lengths: torch.Tensor,
@@ -403,7 +419,7 @@ def select_keep_mask(
     n_protect: int,
     temperature: float,
     uniforms: Optional[torch.Tensor],
-) -> torch.Tensor:
+) -> Survivors:
     """Survivors of one eviction of every row, as if each row were evicted.
 
     With `n = lengths[b]`, candidates are slots `[0, n - window)`; kept are the window
@@ -418,9 +434,6 @@ def select_keep_mask(
         importance, magnitudes: `[B, Hkv, N]` float32; lengths: `[B]` int (values above `N`
             act as `N`).
         uniforms: `[B, Hkv, N]` float32, used when `temperature >= MIN_TEMPERATURE`.
-
-    Returns:
-        `[B, Hkv, N]` bool.
     """
     batch, _, num_slots = importance.shape
     slot = torch.arange(num_slots, device=importance.device).view(1, 1, num_slots)
@@ -430,11 +443,17 @@ def select_keep_mask(
     recent = (slot >= length - window) & (slot < length)
     shape = importance.shape
     n_large = max(0, n_protect - n_sink)
-    protected = _largest_mask(magnitudes.to(torch.float32), (candidate & ~sink).expand(shape), n_large)
+    magnitudes = magnitudes.to(torch.float32)
+    protected = _largest_mask(magnitudes, (candidate & ~sink).expand(shape), n_large)
     keys = gumbel_keys(importance, uniforms, temperature)
     remaining = (candidate & ~sink).expand(shape) & ~protected
     sampled = _largest_mask(keys, remaining, budget - window - n_sink - n_large)
-    return sink.expand(shape) | protected | sampled | recent.expand(shape)
+    return Survivors(sink.expand(shape), protected, sampled, recent.expand(shape), magnitudes, keys)
+
+
+def survivor_slots(survivors: Survivors, budget: int) -> torch.Tensor:
+    """`[B, Hkv, budget]` int64: the source slot of each destination slot, survivors in temporal order."""
+    return torch.sort(survivors.mask().to(torch.int8), dim=-1, descending=True, stable=True).indices[..., :budget]
 
 
 def evict_(
@@ -454,7 +473,7 @@ def evict_(
 ) -> None:
     """Evict every sequence with `lengths[b] >= trigger_length` down to `budget` slots, in place.
 
-    Survivors are `select_keep_mask(...)` (uniforms: `noise`, else `eviction_uniforms` of stream
+    Survivors are `select_survivors(...)` (uniforms: `noise`, else `eviction_uniforms` of stream
     key `seed` at the `[1]` int64 `eviction_index`, which is read, not advanced; None reads 0),
     moved to slots `[0, budget)` in temporal order with their keys, values, magnitudes,
     positions and (with `keep_scores`) scores. Without `keep_scores` the scores of every row
@@ -472,11 +491,11 @@ def evict_(
     if temperature >= MIN_TEMPERATURE and noise is None:
         index = 0 if eviction_index is None else int(eviction_index.item())
         uniforms = eviction_uniforms((batch, kv_heads, num_slots), keys.device, seed=seed, eviction_index=index)
-    keep = select_keep_mask(
+    selected = select_survivors(
         importance, cache.magnitudes, cache.lengths, budget=budget, window=window, n_sink=n_sink,
         n_protect=n_protect, temperature=temperature, uniforms=uniforms,
     )
-    survivors = torch.sort(keep.to(torch.int8), dim=-1, descending=True, stable=True).indices[..., :budget]
+    survivors = survivor_slots(selected, budget)
     evicted = (cache.lengths >= trigger_length).to(keys.device).view(batch, 1, 1)  # [B, 1, 1]
 
     def compact(buffer: torch.Tensor) -> None:

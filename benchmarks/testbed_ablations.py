@@ -1,0 +1,147 @@
+"""Ablations on the testbed: one switch at a time, the same problems, budgets and seeds.
+
+    python benchmarks/testbed_ablations.py [--seeds 5] [--out DIR]
+
+Each ablation runs one policy with `vase-triton eval`'s testbed defaults (64 held-out
+problems, greedy, window 16, budgets at 2x, 4x and 8x compression) as shipped and with
+one switch turned, once per run seed (which fixes every eviction's draws), and sums the
+answers right and the whole traces exact over the seeds:
+
+- value protection (`protect_values`): off for `vase`, on for `snapkv`;
+- survivor order (`vase`), a deviation from the VaSE authors' code: ours keeps survivors
+  in temporal order; theirs writes [sinks and protected by decreasing value magnitude,
+  sampled in draw order, recent window], so after the first eviction its average pool
+  smooths over permuted neighbours;
+- `vase-dkv`'s projections, a deviation too: ours draws one per layer, row and KV head;
+  theirs draws one per row and shares it across the KV heads.
+
+Runs on the CPU with the PyTorch reference, which the switches patch: about 10 s a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable, ContextManager, Iterator, NamedTuple
+from unittest import mock
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vase_triton import cli, policies, reference  # noqa: E402
+from vase_triton.eval.runner import RESULTS_FILE, Run, read_results  # noqa: E402
+from vase_triton.testbed.harness import COMPRESSIONS, compression_budget  # noqa: E402
+
+
+def authors_survivor_slots(survivors: reference.Survivors, budget: int) -> torch.Tensor:
+    """`reference.survivor_slots` in the authors' order: sinks, then the protected by decreasing
+    magnitude, then the sampled by decreasing sampling key (draw order), then the recent window."""
+    slot = torch.arange(survivors.sinks.shape[-1], device=survivors.sinks.device).expand_as(survivors.sinks)
+    # Order inside each kind: decreasing magnitude, decreasing sampling key, else slot.
+    within = torch.where(survivors.sampled, -survivors.sampling_keys, slot.float())
+    within = torch.where(survivors.protected, -survivors.magnitudes, within)
+    kind = torch.full_like(slot, 4)  # not kept
+    for rank, members in enumerate((survivors.sinks, survivors.protected, survivors.sampled, survivors.recent)):
+        kind = torch.where(members, rank, kind)
+    by_value = torch.sort(within, dim=-1, stable=True).indices
+    by_kind = torch.sort(kind.gather(-1, by_value), dim=-1, stable=True).indices
+    return by_value.gather(-1, by_kind)[..., :budget]
+
+
+def shared_projection(draw: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`policies.dkv_projection` with KV head 0's projection used by every KV head of a row."""
+
+    def projection(*args, **kwargs) -> torch.Tensor:
+        drawn = draw(*args, **kwargs)  # [B, Hkv, D, rank]
+        return drawn[:, :1].expand_as(drawn).contiguous()
+
+    return projection
+
+
+def value_protection(enabled: bool) -> ContextManager:
+    """Every evaluated cache configured with `protect_values=enabled`."""
+    configure = Run.config
+
+    def config(self, *args, **kwargs):
+        return configure(self, *args, **kwargs).replace(protect_values=enabled)
+
+    return mock.patch.object(Run, "config", config)
+
+
+class Ablation(NamedTuple):
+    name: str
+    policy: str
+    default: str
+    switched: str
+    switch: Callable[[], ContextManager]
+
+
+ABLATIONS = [
+    Ablation("value protection", "vase", "on", "off", lambda: value_protection(False)),
+    Ablation("value protection", "snapkv", "off", "on", lambda: value_protection(True)),
+    Ablation("survivor order", "vase", "temporal", "authors'",
+             lambda: mock.patch.object(reference, "survivor_slots", authors_survivor_slots)),
+    Ablation("projections", "vase-dkv", "per KV head", "shared by a row's heads (authors')",
+             lambda: mock.patch.object(policies, "dkv_projection", shared_projection(policies.dkv_projection))),
+]  # fmt: skip
+
+
+def evaluate(policy: str, seed: int, out: Path) -> list[dict]:
+    """The testbed records of `policy` at run seed `seed` (`vase-triton eval`, output silenced)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        status = cli.main(["eval", "--policies", policy, "--seed", str(seed), "--out", str(out),
+                           "--device", "cpu", "--no-progress"])  # fmt: skip
+    if status != 0:
+        raise SystemExit(f"vase-triton eval failed for {policy} (seed {seed})")
+    return [record for record in read_results(out / RESULTS_FILE) if record["policy"] == policy]
+
+
+def tally(records: list[dict]) -> dict[int, tuple[int, int]]:
+    """Per budget: (answers right, whole traces exact)."""
+    counts: dict[int, tuple[int, int]] = {}
+    for record in records:
+        right, exact = counts.get(record["budget"], (0, 0))
+        counts[record["budget"]] = (right + bool(record["correct"]), exact + bool(record["trace_exact"]))
+    return counts
+
+
+def measure(ablation: Ablation, seeds: int, out: Path) -> Iterator[tuple[int, tuple[int, int], tuple[int, int]]]:
+    """(budget, default tally, switched tally) at every testbed budget, largest first."""
+    default, switched = [], []
+    for seed in range(seeds):
+        run_dir = out / f"{ablation.name}-{ablation.policy}".replace(" ", "-") / f"seed{seed}"
+        default += evaluate(ablation.policy, seed, run_dir / "default")
+        with ablation.switch():
+            switched += evaluate(ablation.policy, seed, run_dir / "switched")
+    default_tally, switched_tally = tally(default), tally(switched)
+    for budget in sorted(default_tally, reverse=True):
+        yield budget, default_tally[budget], switched_tally[budget]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=5, help="run seeds per variant (default 5)")
+    parser.add_argument("--out", type=Path, help="keep the eval outputs here (default: a temporary directory)")
+    args = parser.parse_args()
+    os.environ["VASE_BACKEND"] = "torch"  # the switches patch the reference
+    ratio = {compression_budget(ratio): ratio for ratio in COMPRESSIONS}
+    print(f"Answers right / whole traces exact, summed over {args.seeds} seed(s) of 64 problems:\n")
+    print("| ablation | policy | compression | as shipped | switched |")
+    print("|---|---|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as scratch:
+        for ablation in ABLATIONS:
+            for budget, default, switched in measure(ablation, args.seeds, args.out or Path(scratch)):
+                print(f"| {ablation.name}: {ablation.default} → {ablation.switched} | {ablation.policy} | "
+                      f"{ratio[budget]}x | {default[0]} / {default[1]} | {switched[0]} / {switched[1]} |",
+                      flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
