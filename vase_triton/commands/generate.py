@@ -185,11 +185,10 @@ def run_generate(args) -> int:
         inputs = tokenizer(batch_texts, return_tensors="pt", padding=True)
         input_ids, attention_mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
         prompt_len = input_ids.shape[1]
-        size = dict(batch_size=len(batch_records), max_length=prompt_len + max_new_tokens)
-        if cache is not None and cache.fits(model, config, **size):
-            cache.reset()  # same buffers: compiled steps replay the CUDA graphs recorded over them
-        else:
-            cache = VaSECache.for_model(model, config, **size)
+        # The previous batch's cache when it has this size: compiled steps replay its CUDA graphs.
+        cache = VaSECache.reuse_or_make(
+            cache, model, config, batch_size=len(batch_records), max_length=prompt_len + max_new_tokens
+        )
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         began = time.perf_counter()

@@ -248,6 +248,18 @@ class VaSECache(Cache):
         wanted = _Layout.of(config, batch_size=batch_size, max_length=max_length, **_model_geometry(model))
         return wanted == self.layout
 
+    @classmethod
+    def reuse_or_make(
+        cls, previous: Optional["VaSECache"], model, config: VaSEConfig, *, batch_size: int,
+        max_length: Optional[int] = None,
+    ) -> "VaSECache":
+        """`previous`, reset, when it `fits` this call and no step of it is open; else `for_model(...)`."""
+        size = dict(batch_size=batch_size, max_length=max_length)
+        if previous is not None and not previous.in_step and previous.fits(model, config, **size):
+            previous.reset()
+            return previous
+        return cls.for_model(model, config, **size)
+
     @property
     def capacity(self) -> int:
         """Slots per (sequence, KV head) in every layer."""

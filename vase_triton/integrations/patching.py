@@ -314,10 +314,8 @@ def _cache_for_call(model, state: _PatchState, args: tuple, kwargs: dict) -> VaS
     max_new_tokens = _generation_setting(model, kwargs, "max_new_tokens")
     if max_new_tokens is None:
         max_new_tokens = max(1, (_generation_setting(model, kwargs, "max_length") or 0) - prompt_len)
-    size = dict(batch_size=batch * num_return_sequences, max_length=prompt_len + max_new_tokens)
-    cache = state.last_cache
-    if cache is not None and not cache.in_step and cache.fits(model, state.config, **size):
-        cache.reset()
-        return cache
-    state.last_cache = VaSECache.for_model(model, state.config, **size)
+    batch_size, max_length = batch * num_return_sequences, prompt_len + max_new_tokens
+    state.last_cache = VaSECache.reuse_or_make(
+        state.last_cache, model, state.config, batch_size=batch_size, max_length=max_length
+    )
     return state.last_cache
