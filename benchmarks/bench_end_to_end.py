@@ -1,17 +1,21 @@
 """End-to-end greedy decoding against generated length: full caches and VaSE, side by side in one session.
 
-Each method (`benchmarks.decoding`) generates `new_tokens` tokens for a batch of random
-prompts; the row's timing samples are its decode steps, and its curve gives, at each
-checkpoint length, the median step latency (tokens/s = batch / step) and memory: the KV
-cache held (every profile) and the device's peak allocated memory (CUDA). VaSE's rows are
-compared with both full caches at every length in the report, which also plots the curves.
+Each method (`benchmarks.decoding`) generates for a batch of random prompts; the row's
+timing samples are its decode steps, and its curve gives, at each checkpoint length, the
+median step latency, tokens/s over those steps (evicting steps included) and memory: the
+KV cache held (every profile) and the device's peak allocated memory (CUDA). VaSE's rows
+are compared with both full caches at every length in the report, which also plots the
+curves.
 
-The `gpu` profile stops each method after 45 s of decoding, or after
-`VASE_BENCH_DECODE_SECONDS` (the curve then ends where the method got to; the row says so);
-`full` decodes 32k tokens without a limit; `cpu` is the CPU measurement quoted in the README.
-With `VASE_BENCH_DECODE_DEADLINE` (a Unix time) the methods share the time up to it
-instead: each gets an equal share of what is left when it starts, less `SETUP_S` for its
-compilation and warm-up, so the time a fast method does not need goes to the later ones.
+The `gpu` profile samples its lengths (1k to 16k tokens): each is measured on its own,
+128 steps from a prompt that ends just before it (`DecodeSetting.sample_steps`), longest
+first, so that gpu_check reaches the 16k-token target in its time; a method stops after
+45 s, or `VASE_BENCH_DECODE_SECONDS`, and its curve then holds the lengths it measured.
+`full` decodes 32k tokens in one run without a limit; `cpu` is the CPU measurement quoted
+in the README, also in one run. With `VASE_BENCH_DECODE_DEADLINE` (a Unix time) the
+methods share the time up to it instead: each gets an equal share of what is left when it
+starts, less `SETUP_S` for its compilation and warm-up, so the time a fast method does not
+need goes to the later ones.
 """
 
 from __future__ import annotations
@@ -41,12 +45,13 @@ KERNEL = "greedy decode vs generated length"
 
 SETTING, METHODS = profiles.pick({
     "smoke": (
-        DecodeSetting(TINY, 2, batch=2, prompt_tokens=16, new_tokens=160, checkpoints=(32, 64, 128, 160)),
+        DecodeSetting(TINY, 2, batch=2, prompt_tokens=16, new_tokens=160, checkpoints=(32, 64, 128, 160),
+                      sample_steps=16),
         [HF_DYNAMIC, HF_STATIC, vase_method(32)],
     ),
     "gpu": (
         DecodeSetting(QWEN3["Qwen3-8B"], 4, batch=16, prompt_tokens=256, new_tokens=16384,
-                      checkpoints=GENERATED_LENGTHS[:5], time_limit_s=45.0),
+                      checkpoints=GENERATED_LENGTHS[:5], time_limit_s=45.0, sample_steps=128),
         [vase_method(2048), HF_STATIC, HF_DYNAMIC],  # VaSE first: a run cut at gpu_check's deadline keeps it
     ),
     "full": (
@@ -98,6 +103,8 @@ def test_decode_vs_length(benchmark, device, monkeypatch, model, method):
             "new_tokens_requested": SETTING.new_tokens,
             "generated": trace.generated,
             "time_limited": trace.time_limited,
+            "sampled": SETTING.sample_steps is not None,
+            "curve_measure": SETTING.describe_curve(),
             "decode_seconds": trace.decode_seconds,
             "tokens_per_s": trace.tokens_per_s,
             "peak_bytes": trace.peak_bytes,

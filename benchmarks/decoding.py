@@ -14,6 +14,15 @@ run's curve then ends with a point at the length it stopped at).
 Before the timed run each method generates once with the same cache object (reset in
 between, nothing reallocated) so that compilation, CUDA-graph capture and the eviction
 kernels' first launch stay out of the timing.
+
+A setting with `sample_steps` measures each checkpoint length on its own instead of
+decoding all the way to it (`generate_sampled`): a prompt that ends `sample_steps` tokens
+before the length, then that many timed steps. What a step costs depends on what the cache
+holds, and that is the same as after generating the length: a `DynamicCache` holds as
+many tokens, a `StaticCache` keeps its size, and a VaSE cache past its budget is full and
+evicts every `window` steps (its prompt is compressed to the budget at prefill, as the
+decoded tokens would have been). So a GPU session reaches the 16k-token point in seconds
+where decoding to it takes minutes per method.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from benchmarks.records import CurvePoint
 from benchmarks.shapes import WINDOW, ModelLayout
 
 CHECKPOINT_VARIABLE = "VASE_BENCH_CHECKPOINT"
-# Step latency at length L is the median over the steps that produced tokens (L - span, L].
+# A curve point at length L describes the steps that produced tokens (L - CURVE_SPAN, L].
 CURVE_SPAN = 256
 
 
@@ -82,11 +91,28 @@ class DecodeSetting:
     new_tokens: int
     checkpoints: tuple[int, ...]
     time_limit_s: Optional[float] = None
+    sample_steps: Optional[int] = None  # measure each checkpoint on its own with this many steps
+
+    def __post_init__(self) -> None:
+        if self.sample_steps is not None and not 2 <= self.sample_steps <= min(self.checkpoints):
+            raise ValueError(
+                f"sample_steps: expected 2 to the shortest checkpoint ({min(self.checkpoints)}) or None; "
+                f"got {self.sample_steps!r}"
+            )
 
     @property
     def name(self) -> str:
         depth = "" if self.num_layers == self.layout.num_layers else f" ({self.num_layers} layers)"
         return f"{self.layout.name}{depth} B{self.batch} P{self.prompt_tokens}"
+
+    def describe_curve(self) -> str:
+        """What a curve point at length L summarises, for the report."""
+        if self.sample_steps is None:
+            return f"the steps that produced the {CURVE_SPAN} tokens up to L, in one run from the start"
+        return (
+            f"{self.sample_steps - 1} steps ending at L, from a prompt of {self.prompt_tokens:,} + L - "
+            f"{self.sample_steps} tokens (sampled: the cache holds what it would after generating L tokens)"
+        )
 
 
 @dataclass
@@ -101,9 +127,14 @@ class Trace:
     time_limited: bool
     details: dict = field(default_factory=dict)
 
+    sampled: bool = False
+
     @property
-    def tokens_per_s(self) -> float:
-        """Decode throughput over the whole run: new tokens after the first, per second, all sequences."""
+    def tokens_per_s(self) -> Optional[float]:
+        """Decode throughput over the whole run: new tokens after the first, per second, all sequences
+        (None for a sampled run, whose steps come from several lengths)."""
+        if self.sampled:
+            return None
         return len(self.step_seconds) * self.details["batch"] / self.decode_seconds
 
 
@@ -148,8 +179,11 @@ def kv_cache_bytes(cache) -> int:
 class StepClock(StoppingCriteria):
     """Stamps each generation step; notes memory at `checkpoints` and at a stop past `time_limit_s`."""
 
-    def __init__(self, prompt_tokens: int, checkpoints, cache, device: torch.device, time_limit_s=None):
+    def __init__(
+        self, prompt_tokens: int, checkpoints, cache, device: torch.device, time_limit_s=None, *, peak_of_decode=False
+    ):
         self.prompt_tokens = prompt_tokens
+        self.peak_of_decode = peak_of_decode  # the peak noted leaves out the prefill's
         self.checkpoints = set(checkpoints)
         self.cache = cache
         self.device = device
@@ -162,6 +196,8 @@ class StepClock(StoppingCriteria):
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         if self.device.type == "cuda":
+            if self.peak_of_decode and not self.stamps:
+                torch.cuda.reset_peak_memory_stats(self.device)
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             self.stamps.append(event)
@@ -191,19 +227,23 @@ class StepClock(StoppingCriteria):
         return [b - a for a, b in zip(self.stamps, self.stamps[1:])]
 
 
+def curve_point(generated: int, span: list[float], memory: tuple[int, Optional[int]], batch: int) -> CurvePoint:
+    """Decoding at `generated` tokens from the durations of the steps up to it: their median, and
+    tokens/s over their total time (so the steps that evicted count in it)."""
+    kv_bytes, peak = memory
+    return CurvePoint(generated, statistics.median(span), batch * len(span) / sum(span), kv_bytes, peak)
+
+
 def curve(step_seconds: list[float], memory: dict, batch: int) -> list[CurvePoint]:
-    """Median step latency over the `CURVE_SPAN` steps up to each checkpoint reached, with its memory.
+    """A point from the `CURVE_SPAN` steps up to each checkpoint reached, with its memory.
 
     `step_seconds[i]` is the step that produced token `i + 2` (the first token comes from prefill).
     """
     points = []
     for generated in sorted(memory):
         span = step_seconds[max(0, generated - 1 - CURVE_SPAN) : generated - 1]
-        if not span:
-            continue
-        step = statistics.median(span)
-        kv_bytes, peak = memory[generated]
-        points.append(CurvePoint(generated, step, batch / step, kv_bytes, peak))
+        if span:
+            points.append(curve_point(generated, span, memory[generated], batch))
     return points
 
 
@@ -222,6 +262,13 @@ def _make_cache(model, method: Method, setting: DecodeSetting):
     from vase_triton import VaSECache
 
     return VaSECache.for_model(model, method.vase_config(), batch_size=setting.batch)
+
+
+def random_prompts(model, batch: int, length: int, device: torch.device) -> dict:
+    """`generate`'s inputs for `batch` prompts of `length` random tokens (seeded; no padding)."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    input_ids = torch.randint(1, model.config.vocab_size, (batch, length), generator=gen).to(device)
+    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
 
 
 def _warmup_tokens(method: Method, setting: DecodeSetting) -> int:
@@ -265,10 +312,7 @@ def prepared(model, method: Method, setting: DecodeSetting, device: torch.device
         # Each method starts as in a fresh process: no compiled code, graphs or cached blocks of the last.
         torch._dynamo.reset()
         torch.cuda.empty_cache()
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    vocab = model.config.vocab_size
-    input_ids = torch.randint(1, vocab, (setting.batch, setting.prompt_tokens), generator=gen).to(device)
-    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    inputs = random_prompts(model, setting.batch, setting.prompt_tokens, device)
     if method.cache == "vase":
         compile_mode = "reduce-overhead" if device.type == "cuda" else None
         vase_triton.patch_qwen3(model, method.vase_config(), compile_mode=compile_mode)
@@ -287,7 +331,10 @@ def prepared(model, method: Method, setting: DecodeSetting, device: torch.device
 
 
 def generate_timed(model, method: Method, setting: DecodeSetting, device: torch.device) -> Trace:
-    """Warm up, then run one timed greedy `generate()` of `setting` with `method`'s cache."""
+    """Warm up, then run one timed greedy `generate()` of `setting` with `method`'s cache
+    (`generate_sampled` when the setting samples its checkpoints)."""
+    if setting.sample_steps is not None:
+        return generate_sampled(model, method, setting, device)
     with prepared(model, method, setting, device) as ready:
         clock = StepClock(setting.prompt_tokens, setting.checkpoints, ready.cache, device, setting.time_limit_s)
         ready.generate(model, setting.new_tokens, stopping_criteria=[clock])
@@ -306,4 +353,51 @@ def generate_timed(model, method: Method, setting: DecodeSetting, device: torch.
             "weights": weights_description(),
             "warmup_tokens": ready.warmup,
         },
+    )
+
+
+def generate_sampled(model, method: Method, setting: DecodeSetting, device: torch.device) -> Trace:
+    """Warm up, then time `sample_steps` greedy tokens from a prompt ending that many tokens before
+    each checkpoint, longest first (a run cut by the time limit keeps the longest lengths).
+
+    The point at length L gets the steps that produced tokens L - sample_steps + 2 to L, and
+    the peak memory of those steps (the prefill's is left out). The trace's steps are those
+    of every length; it has no whole-run throughput.
+    """
+    points, step_seconds = [], []
+    time_limited = False
+    with prepared(model, method, setting, device) as ready:
+        started = time.perf_counter()
+        for length in sorted(setting.checkpoints, reverse=True):
+            left = None if setting.time_limit_s is None else setting.time_limit_s - (time.perf_counter() - started)
+            if left is not None and left <= 0:
+                time_limited = True
+                break
+            prompt_tokens = setting.prompt_tokens + length - setting.sample_steps
+            ready.empty_cache(model)
+            ready.inputs = random_prompts(model, setting.batch, prompt_tokens, device)
+            clock = StepClock(prompt_tokens, (setting.sample_steps,), ready.cache, device, left, peak_of_decode=True)
+            ready.generate(model, setting.sample_steps, stopping_criteria=[clock])
+            steps = clock.seconds_between_stamps()
+            time_limited = time_limited or clock.time_limited
+            if steps:
+                reached = max(clock.memory)  # sample_steps, or where the time limit stopped the run
+                points.append(curve_point(length - setting.sample_steps + reached, steps, clock.memory[reached],
+                                          setting.batch))  # fmt: skip
+                step_seconds += steps
+    points.sort(key=lambda point: point.generated)
+    return Trace(
+        generated=points[-1].generated if points else 0,
+        step_seconds=step_seconds,
+        decode_seconds=sum(step_seconds),
+        points=points,
+        peak_bytes=max((point.peak_bytes for point in points if point.peak_bytes is not None), default=None),
+        time_limited=time_limited,
+        details={
+            "batch": setting.batch,
+            "method": method.describe(device),
+            "weights": weights_description(),
+            "warmup_tokens": ready.warmup,
+        },
+        sampled=True,
     )

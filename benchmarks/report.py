@@ -350,7 +350,9 @@ def curve_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
         first = members[0]
         lines += [f"### {first.record.shape} — run {first.run.id} ({first.run.device})", ""]
         lines += [f"- {row.record.provider}: {row.record.details.get('method', '')}; {_run_summary(row)}" for row in members]
-        lines += ["", "Step latency and tokens/s (batch / step latency), median over the 256 steps up to each length:", ""]
+        measures = [row.record.details["curve_measure"] for row in members if "curve_measure" in row.record.details]
+        measure = measures[0] if measures else "the 256 steps up to each length L"  # records before the key
+        lines += ["", f"Median step latency and tokens/s (batch x steps / their total time) of {measure}:", ""]
         header = ["method"] + [f"{length:,} tokens" for length in lengths] + ["cost growth (last / first)"]
         body = []
         for row in members:
@@ -364,7 +366,7 @@ def curve_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
         baselines = [p for p in dict.fromkeys(p for row in members for p in row.record.compare_to)]
         pairs = [(row, base) for row in members for base in baselines if base in row.record.compare_to]
         if pairs:
-            lines += ["Speed-up over the full caches (their step latency / ours) at each length:", ""]
+            lines += ["Speed-up over the full caches (our tokens/s / theirs) at each length:", ""]
             header = ["method", "vs"] + [f"{length:,} tokens" for length in lengths] + ["faster from"]
             body = []
             for row, base in pairs:
@@ -393,7 +395,10 @@ def _memory_cell(point: CurvePoint) -> str:
 
 def _run_summary(row: Row) -> str:
     details = row.record.details
-    summary = f"{details.get('generated', 0):,} tokens generated"
+    if details.get("sampled"):
+        summary = f"{len(row.record.curve)} lengths sampled, the longest {details.get('generated', 0):,} tokens"
+    else:
+        summary = f"{details.get('generated', 0):,} tokens generated"
     if details.get("time_limited"):
         summary += " (stopped at the time limit)"
     tokens_per_s = details.get("tokens_per_s")
@@ -403,10 +408,10 @@ def _run_summary(row: Row) -> str:
 
 
 def _curve_ratios(row: Row, other: Optional[Row], lengths: Sequence[int]) -> dict[int, Optional[float]]:
-    ours = {point.generated: point.step_s for point in row.record.curve}
-    theirs = {} if other is None else {point.generated: point.step_s for point in other.record.curve}
+    ours = {point.generated: point.tokens_per_s for point in row.record.curve}
+    theirs = {} if other is None else {point.generated: point.tokens_per_s for point in other.record.curve}
     return {
-        length: (theirs[length] / ours[length]) if length in ours and length in theirs else None for length in lengths
+        length: (ours[length] / theirs[length]) if length in ours and length in theirs else None for length in lengths
     }
 
 

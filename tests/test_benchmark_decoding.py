@@ -60,9 +60,9 @@ def test_time_limited_run_ends_its_curve_where_it_stopped(fake_time):
     points = curve(step_seconds, clock.memory, BATCH)
     assert [point.generated for point in points] == [8, 16, 32, 41]
     for point in points:
-        expected = statistics.median(durations[: point.generated - 1])
-        assert point.step_s == pytest.approx(expected)
-        assert point.tokens_per_s == pytest.approx(BATCH / expected)
+        span = durations[: point.generated - 1]
+        assert point.step_s == pytest.approx(statistics.median(span))
+        assert point.tokens_per_s == pytest.approx(BATCH * len(span) / sum(span))
         assert point.kv_bytes == 4096
 
 
@@ -108,3 +108,66 @@ def test_methods_share_the_time_left_before_the_deadline(monkeypatch):
     assert shares == [pytest.approx(300.0 / n - suite.SETUP_S) for n in left]
     monkeypatch.setenv(suite.DEADLINE_VARIABLE, str(1000.0 - 5.0))  # past: the floor
     assert suite.decode_seconds(methods[-1]) == suite.MIN_DECODE_S
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    from benchmarks.decoding import build_model
+    from benchmarks.shapes import TINY
+
+    return build_model(TINY, 2, torch.device("cpu"), torch.float32)
+
+
+def tiny_setting(**overrides):
+    from benchmarks.shapes import TINY
+
+    fields = dict(batch=2, prompt_tokens=16, new_tokens=96, checkpoints=(32, 64, 96))
+    return decoding.DecodeSetting(TINY, 2, **{**fields, **overrides})
+
+
+@pytest.mark.parametrize("method", [decoding.HF_DYNAMIC, decoding.HF_STATIC, decoding.vase_method(32)], ids=lambda method: method.name)
+def test_sampled_lengths_hold_what_one_run_from_the_start_holds(tiny_model, method, monkeypatch):
+    """Each sampled point's cache holds as many bytes as the one-run curve's at that length (a
+    DynamicCache grows by a token per step; VaSE, its prompt compressed at prefill, holds its
+    static buffers with no prefill scratch left), from `sample_steps - 1` steps ending there."""
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    device = torch.device("cpu")
+    whole = decoding.generate_timed(tiny_model, method, tiny_setting(), device)
+    sampled = decoding.generate_timed(tiny_model, method, tiny_setting(sample_steps=16), device)
+
+    assert [p.generated for p in sampled.points] == [p.generated for p in whole.points] == [32, 64, 96]
+    assert [p.kv_bytes for p in sampled.points] == [p.kv_bytes for p in whole.points]
+    if method.cache == "dynamic":
+        per_token = whole.points[0].kv_bytes // (16 + 32 - 1)
+        assert [p.kv_bytes for p in sampled.points] == [per_token * (16 + n - 1) for n in (32, 64, 96)]
+    assert len(sampled.step_seconds) == 3 * 15 and not sampled.time_limited
+    assert sampled.tokens_per_s is None and whole.tokens_per_s > 0
+    assert sampled.generated == whole.generated == 96
+
+
+def test_sampled_run_cut_by_its_time_limit_keeps_the_longest_lengths(tiny_model, monkeypatch):
+    """Lengths run longest first; the one the limit cuts ends its point where it stopped, and
+    the shorter ones are not started."""
+
+    class TickingTime:
+        """A `time` module whose clock advances 1 ms at every reading."""
+
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            self.now += 0.001
+            return self.now
+
+    monkeypatch.setattr(decoding, "time", TickingTime())
+    setting = tiny_setting(sample_steps=16, time_limit_s=0.050)
+    trace = decoding.generate_timed(tiny_model, decoding.HF_DYNAMIC, setting, torch.device("cpu"))
+
+    assert trace.time_limited
+    longest, cut = trace.points[1], trace.points[0]
+    assert longest.generated == 96 and 64 - 16 < cut.generated < 64
+    assert len(trace.step_seconds) == 15 + (cut.generated - (64 - 16) - 1)
+
+
+def test_sample_steps_must_fit_before_the_shortest_checkpoint():
+    with pytest.raises(ValueError, match=r"sample_steps: expected 2 to the shortest checkpoint \(32\)"):
+        tiny_setting(sample_steps=33)
