@@ -8,7 +8,13 @@ names a local checkpoint: throughput does not depend on the weights. The paper (
 one GPU) reports 132.9 / 333.4 / 410.9 tokens/s and 68.7 / 39.6 / 33.9 GB.
 
 The `full` profile runs the protocol (about 40 minutes on one H200, most of it the full
-cache); `smoke` runs it on the tiny model; the `gpu` check leaves it out.
+cache). The `gpu` profile estimates it in minutes (not part of `gpu_check.sh`; run this
+file on its own): each method's step time is measured at six lengths from 64 to 16,384
+generated tokens, each on its own (64 steps from a prompt that ends just before it,
+`DecodeSetting.sample_steps`), and the decode time of the whole run is the sum of the step
+times interpolated between them (`decoding.estimated_decode_seconds`); its peak memory is
+the largest of the sampled decode steps'. The rows say which they are. `smoke` runs the
+estimate on the tiny model.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ import pytest
 import torch
 
 from benchmarks import profiles, timing
-from benchmarks.decoding import HF_DYNAMIC, DecodeSetting, build_model, generate_timed, vase_method
+from benchmarks.decoding import HF_DYNAMIC, DecodeSetting, build_model, estimated_decode_seconds, generate_timed
+from benchmarks.decoding import vase_method
 from benchmarks.records import Record
 from benchmarks.shapes import QWEN3, TINY
 
@@ -30,8 +37,13 @@ PAPER = {"hf-dynamic": (132.9, 68.7), "vase-4096": (333.4, 39.6), "vase-dkv-2048
 
 SETTING, METHODS = profiles.pick({
     "smoke": (
-        DecodeSetting(TINY, 2, batch=2, prompt_tokens=16, new_tokens=96, checkpoints=(96,)),
+        DecodeSetting(TINY, 2, batch=2, prompt_tokens=16, new_tokens=96, checkpoints=(16, 48, 96), sample_steps=16),
         [HF_DYNAMIC, vase_method(48), vase_method(32, "vase-dkv")],
+    ),
+    "gpu": (
+        DecodeSetting(QWEN3["Qwen3-14B"], QWEN3["Qwen3-14B"].num_layers, batch=16, prompt_tokens=256,
+                      new_tokens=16384, checkpoints=(64, 2048, 4096, 8192, 12288, 16384), sample_steps=64),
+        [vase_method(4096), vase_method(2048, "vase-dkv"), HF_DYNAMIC],
     ),
     "full": (
         DecodeSetting(QWEN3["Qwen3-14B"], QWEN3["Qwen3-14B"].num_layers, batch=16, prompt_tokens=256,
@@ -39,6 +51,7 @@ SETTING, METHODS = profiles.pick({
         [HF_DYNAMIC, vase_method(4096), vase_method(2048, "vase-dkv")],
     ),
 })  # fmt: skip
+SAMPLED = SETTING.sample_steps is not None
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +65,11 @@ def test_paper_throughput(benchmark, device, monkeypatch, model, method):
     if device.type == "cpu":
         monkeypatch.setenv("VASE_BACKEND", "torch")
     trace = generate_timed(model, method, SETTING, device)
+    if SAMPLED:
+        decode_seconds = estimated_decode_seconds(trace.points, SETTING.new_tokens, SETTING.batch)
+        tokens_per_s = (SETTING.new_tokens - 1) * SETTING.batch / decode_seconds
+    else:
+        decode_seconds, tokens_per_s = trace.decode_seconds, trace.tokens_per_s
     paper = PAPER.get(method.name) if SETTING.layout.name == "Qwen3-14B" else None
     record = Record(
         SUITE, KERNEL, method.name, SETTING.name,
@@ -60,9 +78,11 @@ def test_paper_throughput(benchmark, device, monkeypatch, model, method):
             **trace.details,
             "dtype": str(model.dtype).replace("torch.", ""),
             "layers": model.config.num_hidden_layers,
-            "generated": trace.generated,
-            "decode_seconds": trace.decode_seconds,
-            "tokens_per_s": trace.tokens_per_s,
+            "generated": SETTING.new_tokens if SAMPLED else trace.generated,
+            "estimated_from": [point.generated for point in trace.points] if SAMPLED else None,
+            "curve_measure": SETTING.describe_curve(),
+            "decode_seconds": decode_seconds,
+            "tokens_per_s": tokens_per_s,
             "peak_bytes": trace.peak_bytes,
             "kv_bytes": trace.points[-1].kv_bytes,
             "paper_tokens_per_s": paper[0] if paper else None,
@@ -70,4 +90,6 @@ def test_paper_throughput(benchmark, device, monkeypatch, model, method):
         },
     )  # fmt: skip
     timing.record_samples(benchmark, trace.step_seconds, record)
-    assert trace.generated == SETTING.new_tokens and trace.tokens_per_s > 0
+    if SAMPLED:
+        assert [point.generated for point in trace.points] == sorted(SETTING.checkpoints)
+    assert trace.generated == SETTING.new_tokens and tokens_per_s > 0

@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy
 import torch
 from transformers import StoppingCriteria
 
@@ -44,6 +45,8 @@ from benchmarks.shapes import WINDOW, ModelLayout
 CHECKPOINT_VARIABLE = "VASE_BENCH_CHECKPOINT"
 # A curve point at length L describes the steps that produced tokens (L - CURVE_SPAN, L].
 CURVE_SPAN = 256
+# Tokens the untimed run generates with a full cache (VaSE generates enough for two evictions).
+WARMUP_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -94,16 +97,24 @@ class DecodeSetting:
     sample_steps: Optional[int] = None  # measure each checkpoint on its own with this many steps
 
     def __post_init__(self) -> None:
-        if self.sample_steps is not None and not 2 <= self.sample_steps <= min(self.checkpoints):
+        if self.sample_steps is not None and not WARMUP_STEPS <= self.sample_steps <= min(self.checkpoints):
             raise ValueError(
-                f"sample_steps: expected 2 to the shortest checkpoint ({min(self.checkpoints)}) or None; "
-                f"got {self.sample_steps!r}"
+                f"sample_steps: expected {WARMUP_STEPS} (the untimed run's steps) to the shortest checkpoint "
+                f"({min(self.checkpoints)}) or None; got {self.sample_steps!r}"
             )
 
     @property
     def name(self) -> str:
         depth = "" if self.num_layers == self.layout.num_layers else f" ({self.num_layers} layers)"
         return f"{self.layout.name}{depth} B{self.batch} P{self.prompt_tokens}"
+
+    @property
+    def warmup_prompt_tokens(self) -> int:
+        """The untimed run's prompt: the longest sampled one (so that the long-prompt prefill is
+        compiled before timing and a VaSE cache starts full), else `prompt_tokens`."""
+        if self.sample_steps is None:
+            return self.prompt_tokens
+        return self.prompt_tokens + max(self.checkpoints) - self.sample_steps
 
     def describe_curve(self) -> str:
         """What a curve point at length L summarises, for the report."""
@@ -234,6 +245,17 @@ def curve_point(generated: int, span: list[float], memory: tuple[int, Optional[i
     return CurvePoint(generated, statistics.median(span), batch * len(span) / sum(span), kv_bytes, peak)
 
 
+def estimated_decode_seconds(points: list[CurvePoint], new_tokens: int, batch: int) -> float:
+    """Decode time of one run of `new_tokens` tokens (the steps that produce tokens 2 to
+    `new_tokens`) from a sampled curve: each step takes the mean step time (batch / tokens/s)
+    interpolated linearly between the points' lengths, held at the first and last point beyond them."""
+    lengths = [point.generated for point in points]
+    if not lengths or lengths != sorted(lengths):
+        raise ValueError(f"points: expected a curve sorted by length; got lengths {lengths}")
+    means = [batch / point.tokens_per_s for point in points]
+    return float(numpy.interp(numpy.arange(2, new_tokens + 1), lengths, means).sum())
+
+
 def curve(step_seconds: list[float], memory: dict, batch: int) -> list[CurvePoint]:
     """A point from the `CURVE_SPAN` steps up to each checkpoint reached, with its memory.
 
@@ -272,10 +294,13 @@ def random_prompts(model, batch: int, length: int, device: torch.device) -> dict
 
 
 def _warmup_tokens(method: Method, setting: DecodeSetting) -> int:
-    """Tokens the untimed run generates: enough for two evictions with VaSE, a few steps otherwise."""
+    """Tokens the untimed run generates: enough for two evictions with VaSE (its cache holds at
+    least min(prompt, budget) slots after the prompt, and evicts every `window` steps once it
+    holds budget + window), a few steps otherwise."""
     if method.cache != "vase":
-        return 8
-    return max(8, method.budget + 2 * method.vase_config().window - setting.prompt_tokens + 2)
+        return WARMUP_STEPS
+    held = min(setting.warmup_prompt_tokens, method.budget)
+    return max(WARMUP_STEPS, method.budget + 2 * method.vase_config().window - held + 2)
 
 
 @dataclass
@@ -312,7 +337,7 @@ def prepared(model, method: Method, setting: DecodeSetting, device: torch.device
         # Each method starts as in a fresh process: no compiled code, graphs or cached blocks of the last.
         torch._dynamo.reset()
         torch.cuda.empty_cache()
-    inputs = random_prompts(model, setting.batch, setting.prompt_tokens, device)
+    inputs = random_prompts(model, setting.batch, setting.warmup_prompt_tokens, device)
     if method.cache == "vase":
         compile_mode = "reduce-overhead" if device.type == "cuda" else None
         vase_triton.patch_qwen3(model, method.vase_config(), compile_mode=compile_mode)

@@ -415,6 +415,15 @@ def _curve_ratios(row: Row, other: Optional[Row], lengths: Sequence[int]) -> dic
     }
 
 
+def _paper_setting(row: Row) -> str:
+    details = row.record.details
+    setting = f"{row.record.shape} · {details.get('generated', 0):,} new tokens"
+    sampled = details.get("estimated_from")
+    if sampled:
+        setting += f" (estimated from step times at {', '.join(f'{length:,}' for length in sampled)} tokens)"
+    return setting
+
+
 def paper_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
     header = ["run", "setting", "method", "decode tok/s", "peak memory", "KV cache", "vs full cache",
               "paper tok/s", "paper GB", "paper vs full cache"]  # fmt: skip
@@ -431,7 +440,7 @@ def paper_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
         is_baseline = row.record.provider == FULL_CACHE_BASELINE
         vs_full = ours / theirs if ours and theirs and not is_baseline else None
         body.append([
-            row.run.id, f"{row.record.shape} · {details.get('generated', 0):,} new tokens", row.record.provider,
+            row.run.id, _paper_setting(row), row.record.provider,
             format_number(ours), format_bytes(details.get("peak_bytes")),
             format_bytes(details.get("kv_bytes")),
             NOT_APPLICABLE if is_baseline else format_speedup(vs_full),

@@ -168,6 +168,35 @@ def test_sampled_run_cut_by_its_time_limit_keeps_the_longest_lengths(tiny_model,
     assert len(trace.step_seconds) == 15 + (cut.generated - (64 - 16) - 1)
 
 
-def test_sample_steps_must_fit_before_the_shortest_checkpoint():
-    with pytest.raises(ValueError, match=r"sample_steps: expected 2 to the shortest checkpoint \(32\)"):
-        tiny_setting(sample_steps=33)
+@pytest.mark.parametrize("sample_steps", [7, 33])
+def test_sample_steps_must_fit_before_the_shortest_checkpoint(sample_steps):
+    expected = r"sample_steps: expected 8 \(the untimed run's steps\) to the shortest checkpoint \(32\)"
+    with pytest.raises(ValueError, match=expected):
+        tiny_setting(sample_steps=sample_steps)
+
+
+def sampled_points(step_at, lengths, batch=BATCH):
+    """Curve points whose mean step time at each length is `step_at(length)`."""
+    return [decoding.CurvePoint(n, step_at(n), batch / step_at(n), 1) for n in lengths]
+
+
+def test_estimated_decode_time_sums_the_interpolated_steps():
+    """A step cost linear in length, and one that grows to a budget and stays flat there (VaSE),
+    sampled at their corners, are summed exactly over the steps that produce tokens 2 to N;
+    below the first sampled length a step costs what it costs there."""
+
+    def linear(n):
+        return 1e-3 + 2e-6 * n
+
+    def flat_past_budget(n):
+        return 1e-3 + 1e-6 * min(n, 512)
+
+    for step_at, lengths in ((linear, (64, 300, 1000)), (flat_past_budget, (64, 512, 1000))):
+        expected = sum(step_at(max(n, 64)) for n in range(2, 1001))
+        estimate = decoding.estimated_decode_seconds(sampled_points(step_at, lengths), 1000, BATCH)
+        assert estimate == pytest.approx(expected, rel=1e-12)
+    # Past the last sampled length the last step cost holds.
+    estimate = decoding.estimated_decode_seconds(sampled_points(linear, (64, 1000)), 1200, BATCH)
+    assert estimate == pytest.approx(sum(linear(min(max(n, 64), 1000)) for n in range(2, 1201)), rel=1e-12)
+    with pytest.raises(ValueError, match="points: expected a curve sorted by length"):
+        decoding.estimated_decode_seconds(sampled_points(linear, (1000, 64)), 1000, BATCH)
