@@ -194,7 +194,9 @@ class StepClock(StoppingCriteria):
         self, prompt_tokens: int, checkpoints, cache, device: torch.device, time_limit_s=None, *, peak_of_decode=False
     ):
         self.prompt_tokens = prompt_tokens
-        self.peak_of_decode = peak_of_decode  # the peak noted leaves out the prefill's
+        # The peak noted leaves out the prefill and the first decode step, which frees what the
+        # prefill held (VaSE's prefill scratch): the peak of the steady decode steps.
+        self.peak_of_decode = peak_of_decode
         self.checkpoints = set(checkpoints)
         self.cache = cache
         self.device = device
@@ -207,7 +209,7 @@ class StepClock(StoppingCriteria):
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         if self.device.type == "cuda":
-            if self.peak_of_decode and not self.stamps:
+            if self.peak_of_decode and len(self.stamps) == 1:  # the first decode step has run
                 torch.cuda.reset_peak_memory_stats(self.device)
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -386,8 +388,8 @@ def generate_sampled(model, method: Method, setting: DecodeSetting, device: torc
     each checkpoint, longest first (a run cut by the time limit keeps the longest lengths).
 
     The point at length L gets the steps that produced tokens L - sample_steps + 2 to L, and
-    the peak memory of those steps (the prefill's is left out). The trace's steps are those
-    of every length; it has no whole-run throughput.
+    the peak memory of those after the first (see `StepClock`). The trace's steps are those of
+    every length; it has no whole-run throughput.
     """
     points, step_seconds = [], []
     time_limited = False
