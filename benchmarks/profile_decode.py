@@ -1,8 +1,9 @@
 """Where a decode step's time goes, per end-to-end method: host against device, and the top kernels.
 
 Each method of `bench_end_to_end.py`'s active profile is prepared as there (patched and
-compiled as users run it, warmed up with `--warmup` tokens), then decodes `--steps` steps
-twice: once timed by the `StepClock` (median wall time per step), once under
+compiled as users run it, warmed up with `--warmup` tokens from the setting's warm-up
+prompt: in a sampled setting the longest, so the steps run near its longest length), then
+decodes `--steps` steps twice: once timed by the `StepClock` (median wall time per step), once under
 `torch.profiler`. The table gives the median step, the device's busy time per step (the
 kernels' own durations; CUDA only) and their ratio: a step far longer than its device
 time is bound by the host (Python, launches, synchronisation), not by its kernels. On CUDA
@@ -139,9 +140,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     order = {"vase": 0, "dynamic": 1, "static": 2}
     methods = [known[name] for name in args.methods] if args.methods else sorted(METHODS, key=lambda m: order[m.cache])
 
-    steps = min(args.steps, SETTING.new_tokens - args.warmup - 2)
-    if steps < 1:
-        parser.error(f"--warmup: expected at most {SETTING.new_tokens - 3} tokens in this profile; got {args.warmup}")
+    # Tokens a run may add to the warm-up prompt within the setting's length (a StaticCache holds no more).
+    room = SETTING.prompt_tokens + SETTING.new_tokens - SETTING.warmup_prompt_tokens
+    steps = min(args.steps, room - 2)
+    if args.warmup > room:
+        parser.error(f"--warmup: expected at most {room} tokens in this profile; got {args.warmup}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
         os.environ["VASE_BACKEND"] = "torch"  # as the end-to-end suite on CPU
