@@ -57,6 +57,8 @@ class Method:
     cache: str
     policy: str = "vase"
     budget: int = 0
+    # SDPA backends the method's attention may use (`torch.nn.attention.SDPBackend` names); None: PyTorch's choice.
+    sdpa_backends: Optional[tuple[str, ...]] = None
 
     def vase_config(self):
         """The `VaSEConfig` of a `vase` method (window 64, or half the budget for tiny smoke budgets)."""
@@ -66,7 +68,8 @@ class Method:
 
     def describe(self, device: torch.device) -> str:
         if self.cache == "dynamic":
-            return "transformers DynamicCache, eager"
+            limited = "" if self.sdpa_backends is None else f", SDPA limited to {' / '.join(self.sdpa_backends)}"
+            return f"transformers DynamicCache, eager{limited}"
         if self.cache == "static":
             compiled = "torch.compile reduce-overhead (generate's own)" if device.type == "cuda" else "eager"
             return f"transformers StaticCache, {compiled}"
@@ -75,8 +78,14 @@ class Method:
 
 
 HF_DYNAMIC = Method("hf-dynamic", "dynamic")
+# On Hopper and Blackwell, PyTorch's SDPA prefers cuDNN attention once its cuDNN is recent
+# enough (torch 2.11's bundled one is), and cuDNN builds an execution plan per new shape:
+# a DynamicCache's key length changes at every step. This baseline keeps SDPA off cuDNN.
+HF_DYNAMIC_NO_CUDNN = Method(
+    "hf-dynamic-no-cudnn", "dynamic", sdpa_backends=("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+)
 HF_STATIC = Method("hf-static", "static")
-FULL_CACHE_METHODS = (HF_DYNAMIC.name, HF_STATIC.name)
+FULL_CACHE_METHODS = (HF_DYNAMIC.name, HF_DYNAMIC_NO_CUDNN.name, HF_STATIC.name)
 
 
 def vase_method(budget: int, policy: str = "vase") -> Method:
@@ -305,6 +314,15 @@ def _warmup_tokens(method: Method, setting: DecodeSetting) -> int:
     return max(WARMUP_STEPS, method.budget + 2 * method.vase_config().window - held + 2)
 
 
+def _sdpa_backends(names: Optional[tuple[str, ...]]):
+    """A context that limits SDPA to the named backends, or changes nothing for None."""
+    if names is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, name) for name in names])
+
+
 @dataclass
 class Prepared:
     """A method ready to decode: the prompts, its warmed-up (then emptied) cache and the cache keyword."""
@@ -317,9 +335,10 @@ class Prepared:
     setting: DecodeSetting
 
     def generate(self, model, max_new_tokens: int, **kwargs):
-        return model.generate(
-            **self.inputs, max_new_tokens=max_new_tokens, do_sample=False, **{self.argument: self.cache}, **kwargs
-        )
+        with _sdpa_backends(self.method.sdpa_backends):
+            return model.generate(
+                **self.inputs, max_new_tokens=max_new_tokens, do_sample=False, **{self.argument: self.cache}, **kwargs
+            )
 
     def empty_cache(self, model) -> None:
         """Start the next `generate` from an empty cache: a new `DynamicCache`, else the same buffers reset."""

@@ -430,14 +430,16 @@ def paper_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
     body = []
     for row in rows:
         details = row.record.details
+        # A row's full cache is the first provider it compares with; a row that compares with none is one.
+        baseline = row.record.compare_to[0] if row.record.compare_to else FULL_CACHE_BASELINE
+        is_baseline = not row.record.compare_to
         paper_base = next((r.record.details.get("paper_tokens_per_s") for r in rows
-                           if r.record.provider == FULL_CACHE_BASELINE and r.run.id == row.run.id), None)  # fmt: skip
+                           if r.record.provider == baseline and r.run.id == row.run.id), None)  # fmt: skip
         paper = details.get("paper_tokens_per_s")
-        base = index.find(row.run.device, (row.record.suite, row.record.kernel, FULL_CACHE_BASELINE, row.record.shape),
+        base = index.find(row.run.device, (row.record.suite, row.record.kernel, baseline, row.record.shape),
                           row.run.id)  # fmt: skip
         ours = details.get("tokens_per_s")
         theirs = None if base is None else base.record.details.get("tokens_per_s")
-        is_baseline = row.record.provider == FULL_CACHE_BASELINE
         vs_full = ours / theirs if ours and theirs and not is_baseline else None
         body.append([
             row.run.id, _paper_setting(row), row.record.provider,

@@ -200,3 +200,21 @@ def test_estimated_decode_time_sums_the_interpolated_steps():
     assert estimate == pytest.approx(sum(linear(min(max(n, 64), 1000)) for n in range(2, 1201)), rel=1e-12)
     with pytest.raises(ValueError, match="points: expected a curve sorted by length"):
         decoding.estimated_decode_seconds(sampled_points(linear, (1000, 64)), 1000, BATCH)
+
+
+@pytest.mark.parametrize("method, cudnn", [(decoding.HF_DYNAMIC, True), (decoding.HF_DYNAMIC_NO_CUDNN, False)],
+                         ids=["hf-dynamic", "hf-dynamic-no-cudnn"])  # fmt: skip
+def test_a_method_limits_sdpa_backends_while_it_generates(method, cudnn):
+    """The no-cuDNN full cache generates with cuDNN attention disabled (and the others left on);
+    the plain one leaves PyTorch's choice alone; both restore the flags after."""
+    seen = {}
+
+    class Model:
+        def generate(self, **kwargs):
+            seen.update(cudnn=torch.backends.cuda.cudnn_sdp_enabled(), flash=torch.backends.cuda.flash_sdp_enabled())
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    ready = decoding.Prepared({}, None, "past_key_values", 0, method, tiny_setting())
+    ready.generate(Model(), 4)
+    assert seen == {"cudnn": cudnn and before, "flash": True}
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before

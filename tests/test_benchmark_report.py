@@ -204,13 +204,18 @@ def test_paper_rows_say_when_they_are_estimated(tmp_path):
     kernel = ("paper-throughput", "paper protocol: greedy, decode time only")
     shape = "Qwen3-14B B16 P256"
     sampled = {"generated": 16384, "estimated_from": [64, 8192, 16384]}
+    full = "hf-dynamic-no-cudnn"  # the row the VaSE row compares with is its full cache, whatever its name
     rows = [
-        (Record(*kernel, "hf-dynamic", shape, details={**sampled, "tokens_per_s": 120.0}), [0.1, 0.1, 0.1]),
-        (Record(*kernel, "vase-4096", shape, compare_to=("hf-dynamic",),
+        (Record(*kernel, "hf-dynamic", shape, details={**sampled, "tokens_per_s": 60.0}), [0.2, 0.2, 0.2]),
+        (Record(*kernel, full, shape, details={**sampled, "tokens_per_s": 120.0, "paper_tokens_per_s": 132.9}),
+         [0.1, 0.1, 0.1]),
+        (Record(*kernel, "vase-4096", shape, compare_to=(full,),
                 details={**sampled, "tokens_per_s": 300.0, "paper_tokens_per_s": 333.4}), [0.05, 0.05, 0.05]),
     ]  # fmt: skip
     text = report.render(report.load_runs([write_synthetic(tmp_path / "paper.json", rows)]), None, 0.05, [])
     line = next(line for line in text.splitlines() if "| vase-4096 |" in line)
     cells = [cell.strip() for cell in line.strip("|").split("|")]
     assert cells[1] == f"{shape} · 16,384 new tokens (estimated from step times at 64, 8,192, 16,384 tokens)"
-    assert cells[3] == "300.0" and cells[6] == "2.50x"
+    assert cells[3] == "300.0" and cells[6] == "2.50x" and cells[9] == "2.51x"
+    full_line = next(line for line in text.splitlines() if f"| {full} |" in line)
+    assert [cell.strip() for cell in full_line.strip("|").split("|")][6] == "—"
