@@ -78,9 +78,10 @@ class Method:
 
 
 HF_DYNAMIC = Method("hf-dynamic", "dynamic")
-# On Hopper and Blackwell, PyTorch's SDPA prefers cuDNN attention once its cuDNN is recent
-# enough (torch 2.11's bundled one is), and cuDNN builds an execution plan per new shape:
-# a DynamicCache's key length changes at every step. This baseline keeps SDPA off cuDNN.
+# On sm90/sm100, recent PyTorch puts cuDNN attention first among SDPA's backends once its
+# cuDNN is newer than 9.15 (torch 2.11's bundled 9.19 is), and cuDNN builds an execution
+# plan per new problem shape: a DynamicCache's key length changes at every step. This
+# baseline keeps SDPA off cuDNN.
 HF_DYNAMIC_NO_CUDNN = Method(
     "hf-dynamic-no-cudnn", "dynamic", sdpa_backends=("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 )
