@@ -15,9 +15,9 @@
 #   eviction benchmarks                 55  (limit) eviction per policy, emitted-mode eviction, score modes
 #   decode step profile                 60  (limit) host against device time of each end-to-end
 #                                           method's decode step, and its top kernels
-#   end-to-end decoding                ~50+ what is left of the first 420 s, shared by its three
+#   end-to-end decoding                ~50+ what is left of the first 420 s, shared by its four
 #                                           methods as they go (VASE_BENCH_DECODE_DEADLINE), less
-#                                           30 s of compilation and warm-up each
+#                                           their compilation and warm-up (30 s compiled, 5 s eager)
 #   report                              20  (limit)
 #   worst case              420 + 20 + 6 x 10 (interrupt grace) = 480
 #
@@ -106,9 +106,10 @@ run_step eviction 55 $python -m pytest -q -p no:cacheprovider \
 run_step profile 60 env TORCH_LOGS="perf_hints,recompiles" \
   $python -m benchmarks.profile_decode --steps 32 --warmup 8 --out "$out"
 
-# End to end: the three methods share the time left (VaSE first): each decodes for its
-# share of what is left when it starts, less 30 s of compilation and warm-up, so time a
-# fast method does not need goes to the next; 10 s stay for the interrupt grace.
+# End to end: the four methods share the time left (VaSE first): each decodes for its
+# share of what is left when it starts, once the compilation and warm-up of it and the
+# methods after it are set aside, so time a fast method does not need goes to the next;
+# 10 s stay for the interrupt grace.
 left=$((deadline - $(date +%s)))
 export VASE_BENCH_DECODE_DEADLINE=$((deadline - grace))
 run_step end_to_end "$left" env TORCH_LOGS="perf_hints,recompiles" $python -m pytest -q -s -p no:cacheprovider \
