@@ -45,7 +45,7 @@ from benchmarks.shapes import WINDOW, ModelLayout
 CHECKPOINT_VARIABLE = "VASE_BENCH_CHECKPOINT"
 # A curve point at length L describes the steps that produced tokens (L - CURVE_SPAN, L].
 CURVE_SPAN = 256
-# Tokens the untimed run generates with a full cache (VaSE generates enough for two evictions).
+# Tokens the untimed run of a full-cache method generates (a VaSE one generates enough for two evictions).
 WARMUP_STEPS = 8
 
 
@@ -147,8 +147,7 @@ class Trace:
     peak_bytes: Optional[int]
     time_limited: bool
     details: dict = field(default_factory=dict)
-
-    sampled: bool = False
+    sampled: bool = False  # its points were measured each on its own (`generate_sampled`)
 
     @property
     def tokens_per_s(self) -> Optional[float]:
