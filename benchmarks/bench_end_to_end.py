@@ -108,7 +108,7 @@ def test_decode_vs_length(benchmark, device, monkeypatch, model, method):
             "new_tokens_requested": SETTING.new_tokens,
             "generated": trace.generated,
             "time_limited": trace.time_limited,
-            "sampled": SETTING.sample_steps is not None,
+            "sampled": trace.sampled,
             "curve_measure": SETTING.describe_curve(),
             "decode_seconds": trace.decode_seconds,
             "tokens_per_s": trace.tokens_per_s,

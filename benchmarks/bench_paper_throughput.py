@@ -55,7 +55,6 @@ SETTING, METHODS = profiles.pick({
         [FULL_CACHE, vase_method(4096), vase_method(2048, "vase-dkv")],
     ),
 })  # fmt: skip
-SAMPLED = SETTING.sample_steps is not None
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +68,7 @@ def test_paper_throughput(benchmark, device, monkeypatch, model, method):
     if device.type == "cpu":
         monkeypatch.setenv("VASE_BACKEND", "torch")
     trace = generate_timed(model, method, SETTING, device)
-    if SAMPLED:
+    if trace.sampled:
         decode_seconds = estimated_decode_seconds(trace.points, SETTING.new_tokens, SETTING.batch)
         tokens_per_s = (SETTING.new_tokens - 1) * SETTING.batch / decode_seconds
     else:
@@ -84,8 +83,8 @@ def test_paper_throughput(benchmark, device, monkeypatch, model, method):
             **trace.details,
             "dtype": str(model.dtype).replace("torch.", ""),
             "layers": model.config.num_hidden_layers,
-            "generated": SETTING.new_tokens if SAMPLED else trace.generated,
-            "estimated_from": [point.generated for point in trace.points] if SAMPLED else None,
+            "generated": SETTING.new_tokens if trace.sampled else trace.generated,
+            "estimated_from": [point.generated for point in trace.points] if trace.sampled else None,
             "curve_measure": SETTING.describe_curve(),
             "decode_seconds": decode_seconds,
             "tokens_per_s": tokens_per_s,
@@ -96,6 +95,6 @@ def test_paper_throughput(benchmark, device, monkeypatch, model, method):
         },
     )  # fmt: skip
     timing.record_samples(benchmark, trace.step_seconds, record)
-    if SAMPLED:
+    if trace.sampled:
         assert [point.generated for point in trace.points] == sorted(SETTING.checkpoints)
     assert trace.generated == SETTING.new_tokens and tokens_per_s > 0

@@ -65,7 +65,7 @@ run_step() {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
   $python -c "import sys, torch, triton, transformers; print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__, '| transformers', transformers.__version__)"
   # The baselines' SDPA picks among these; a cuDNN SDPA plan is built per new key length.
-  $python -c "import torch.backends as b; print('cudnn', b.cudnn.version(), '| SDPA backends enabled:', *(n for n in ('flash', 'mem_efficient', 'cudnn', 'math') if getattr(b.cuda, n + '_sdp_enabled')()))"
+  $python -c "import torch; from benchmarks.environment import sdpa_backends; print('cudnn', torch.backends.cudnn.version(), '| SDPA backends enabled:', *sdpa_backends())"
 } > "$out/environment.txt" 2>&1
 cat "$out/environment.txt"
 

@@ -31,7 +31,6 @@ DEFAULT_THRESHOLD_PERCENT = 5.0
 KERNEL_SUITES = ("prefill", "decode", "eviction", "score-mode")
 CURVE_SUITE = "end-to-end"
 PAPER_SUITE = "paper-throughput"
-FULL_CACHE_BASELINE = "hf-dynamic"
 
 
 @dataclass(frozen=True)
@@ -431,8 +430,8 @@ def paper_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
     for row in rows:
         details = row.record.details
         # A row's full cache is the first provider it compares with; a row that compares with none is one.
-        baseline = row.record.compare_to[0] if row.record.compare_to else FULL_CACHE_BASELINE
         is_baseline = not row.record.compare_to
+        baseline = None if is_baseline else row.record.compare_to[0]
         paper_base = next((r.record.details.get("paper_tokens_per_s") for r in rows
                            if r.record.provider == baseline and r.run.id == row.run.id), None)  # fmt: skip
         paper = details.get("paper_tokens_per_s")

@@ -203,7 +203,7 @@ class VaSECache(Cache):
         self._scratch = PrefillScratch()
         self._workspaces: dict[torch.device, tuple[torch.Tensor, ...]] = {}
         emits = config.policy_spec.decode_emits_scores(config.score_mode)
-        slots = capacity if capacity is not None else config.capacity
+        slots = self.layout.capacity
         self.stores = []
         for index, layer_device in enumerate(devices):
             layer_device = torch.device(layer_device)

@@ -359,19 +359,13 @@ def launch_forward(
     batch, q_heads, q_len, head_dim = q.shape
     kv_heads = k.shape[1]
     upcast, precision = _dot_settings(q.dtype)
-    cfg = config
-    if cfg is None:
-        dtype = dtype_name(q.dtype)
-        shape = PrefillShape(batch, q_heads, kv_heads, q_len, k.shape[2], head_dim, dtype, causal, write_out)
-        cfg = _tuned_or_heuristic("prefill_forward", shape, q.device, forward_heuristic)
-    pack_gqa = not causal
-    if pack_gqa:
-        grid = (triton.cdiv(q_len * (q_heads // kv_heads), cfg.block_m), batch * kv_heads)
-    else:
-        grid = (triton.cdiv(q_len, cfg.block_m), batch * q_heads)
+    shape = PrefillShape(batch, q_heads, kv_heads, q_len, k.shape[2], head_dim, dtype_name(q.dtype), causal, write_out)
+    cfg = config if config is not None else _tuned_or_heuristic("prefill_forward", shape, q.device, forward_heuristic)
+    pack_gqa = not causal  # a program column covers `shape.rows()` query rows: the group's when packed
+    grid = (triton.cdiv(shape.rows(), cfg.block_m), batch * (kv_heads if pack_gqa else q_heads))
     _prefill_forward_kernel[grid](
         q, k, v, lens if lens is not None else q, out, lse,
-        q_heads, q_len, k.shape[2], q_heads // k.shape[1], float(scale) * _LOG2E,
+        q_heads, q_len, k.shape[2], q_heads // kv_heads, float(scale) * _LOG2E,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
