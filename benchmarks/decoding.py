@@ -184,6 +184,20 @@ def weights_description() -> str:
     return f"checkpoint {checkpoint}" if checkpoint else "random (throughput does not depend on the weights)"
 
 
+def weight_bytes_per_step(model) -> int:
+    """Bytes of the parameters one decode step reads: each weight once, except the input
+    embedding table, of which a step reads only its batch's rows (a table the output
+    projection shares is read whole there, so it counts)."""
+    embedding = model.get_input_embeddings().weight
+    output = model.get_output_embeddings()
+    shared = output is not None and output.weight is embedding
+    return sum(
+        parameter.numel() * parameter.element_size()
+        for parameter in model.parameters()  # a shared parameter comes once
+        if shared or parameter is not embedding
+    )
+
+
 def kv_cache_bytes(cache) -> int:
     """Bytes the cache holds now: a `VaSECache`'s static buffers, or a transformers cache's layer tensors."""
     if hasattr(cache, "memory_bytes"):
@@ -393,12 +407,7 @@ def generate_timed(model, method: Method, setting: DecodeSetting, device: torch.
         points=curve(step_seconds, clock.memory, setting.batch),
         peak_bytes=peak,
         time_limited=clock.time_limited,
-        details={
-            "batch": setting.batch,
-            "method": method.describe(device),
-            "weights": weights_description(),
-            "warmup_tokens": ready.warmup,
-        },
+        details=_trace_details(model, method, setting, device, ready),
     )
 
 
@@ -439,11 +448,17 @@ def generate_sampled(model, method: Method, setting: DecodeSetting, device: torc
         points=points,
         peak_bytes=max((point.peak_bytes for point in points if point.peak_bytes is not None), default=None),
         time_limited=time_limited,
-        details={
-            "batch": setting.batch,
-            "method": method.describe(device),
-            "weights": weights_description(),
-            "warmup_tokens": ready.warmup,
-        },
+        details=_trace_details(model, method, setting, device, ready),
         sampled=True,
     )
+
+
+def _trace_details(model, method: Method, setting: DecodeSetting, device: torch.device, ready: Prepared) -> dict:
+    """What a trace states beside its timings (the report reads `batch` and `weight_bytes`)."""
+    return {
+        "batch": setting.batch,
+        "method": method.describe(device),
+        "weights": weights_description(),
+        "weight_bytes": weight_bytes_per_step(model),
+        "warmup_tokens": ready.warmup,
+    }

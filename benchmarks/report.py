@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import math
 import sys
@@ -374,10 +375,70 @@ def curve_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
                 pays = next((f"{length:,} tokens" for length in lengths if (ratios[length] or 0) > 1.0), "not within the run")
                 body.append([row.record.provider, base] + [format_speedup(ratios[length]) for length in lengths] + [pays])
             lines += _table(header, body, right_from=2) + [""]
+        lines += _bytes_section(members, pairs, lengths, index)
         lines += ["Memory at each length: KV cache held · peak allocated device memory (CUDA only):", ""]
         header = ["method"] + [f"{length:,} tokens" for length in lengths]
         body = [[row.record.provider] + _cells_by_length(row, lengths, _memory_cell) for row in members]
         lines += _table(header, body, right_from=1) + [""]
+    return lines
+
+
+def step_bytes(row: Row, point: CurvePoint) -> Optional[int]:
+    """Bytes a decode step at `point` reads, as the report counts them: the weights and the KV cache
+    held, once each (a VaSE step reads its valid slots: from its budget to all of them); None for
+    records without the weights' size."""
+    weights = row.record.details.get("weight_bytes")
+    return None if weights is None else weights + point.kv_bytes
+
+
+def roofline_share(row: Row, point: CurvePoint) -> tuple[Optional[float], Optional[float]]:
+    """(the step time `step_bytes` takes at the run's copy bandwidth, that time as a percentage of
+    the mean step at `point`); Nones where the run measured no bandwidth."""
+    needed, batch = step_bytes(row, point), row.record.details.get("batch")
+    if needed is None or row.run.roofline is None or not batch:
+        return None, None
+    floor_s = needed / (row.run.roofline["copy_gbs"] * 1e9)
+    return floor_s, 100.0 * floor_s * point.tokens_per_s / batch
+
+
+def _roofline_cell(row: Row, point: CurvePoint) -> str:
+    floor_s, share = roofline_share(row, point)
+    return ABSENT if floor_s is None else f"{format_time(floor_s)} · {format_number(share, ' %')}"
+
+
+def _bytes_section(members: Sequence[Row], pairs, lengths: list[int], index: RowIndex) -> list[str]:
+    """Each method's bandwidth roofline per length, and the speed-up the bytes allow over each full
+    cache; nothing for runs whose records lack the weights' size."""
+    sized = [row for row in members if "weight_bytes" in row.record.details]
+    if not sized:
+        return []
+    lines = []
+    header = ["method"] + [f"{length:,} tokens" for length in lengths]
+    roofline = sized[0].run.roofline
+    if roofline is not None:
+        lines += [
+            f"Bandwidth roofline: reading the weights ({format_bytes(sized[0].record.details['weight_bytes'])} a "
+            "step, the embedding table aside) and the KV cache held, once each, at this run's copy bandwidth "
+            f"({roofline['copy_gbs']:,.0f} GB/s) takes the time shown; the share is that time over the mean step:",
+            "",
+        ]  # fmt: skip
+        body = [[row.record.provider] + _cells_by_length(row, lengths, functools.partial(_roofline_cell, row))
+                for row in members]  # fmt: skip
+        lines += _table(header, body, right_from=1) + [""]
+    body = []
+    for row, base in pairs:
+        other = index.find(row.run.device, (row.record.suite, row.record.kernel, base, row.record.shape), row.run.id)
+        theirs = {} if other is None else {point.generated: step_bytes(other, point) for point in other.record.curve}
+        ours = {point.generated: step_bytes(row, point) for point in row.record.curve}
+        body.append([row.record.provider, base] + [
+            format_speedup(theirs[length] / ours[length]) if theirs.get(length) and ours.get(length) else ABSENT
+            for length in lengths
+        ])  # fmt: skip
+    if body:
+        lines += ["Speed-up the bytes allow (their step's bytes / ours): the speed-up when both run at the same "
+                  "share of the roofline; a measured one above it means the full cache runs further from its "
+                  "roofline:", ""]  # fmt: skip
+        lines += _table(["method", "vs"] + header[1:], body, right_from=2) + [""]
     return lines
 
 

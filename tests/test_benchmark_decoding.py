@@ -127,6 +127,29 @@ def tiny_setting(**overrides):
     return decoding.DecodeSetting(TINY, 2, **{**fields, **overrides})
 
 
+@pytest.mark.parametrize("tied", [False, True], ids=["own-output-projection", "tied-embeddings"])
+def test_a_step_reads_every_weight_but_the_embedding_table(tied):
+    """Counted from the Qwen3 architecture: per layer the q/k/v/o projections, the q/k norms,
+    two layer norms and the gated MLP; then the final norm and the vocab x hidden output
+    projection, read whole whether or not it shares the (otherwise unread) embedding table."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=1000, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=tied)  # fmt: skip
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    hidden, heads, kv_heads, head_dim = 64, 4, 2, 32
+    per_layer = (
+        2 * hidden * heads * head_dim  # q and o
+        + 2 * hidden * kv_heads * head_dim  # k and v
+        + 2 * head_dim  # q and k norms
+        + 2 * hidden  # input and post-attention norms
+        + 3 * hidden * 96  # gate, up and down
+    )
+    expected = 2 * (3 * per_layer + hidden + 1000 * hidden)  # bf16
+    assert decoding.weight_bytes_per_step(model) == expected
+
+
 @pytest.mark.parametrize("method", [decoding.HF_DYNAMIC, decoding.HF_STATIC, decoding.vase_method(32)], ids=lambda method: method.name)
 def test_sampled_lengths_hold_what_one_run_from_the_start_holds(tiny_model, method, monkeypatch):
     """Each sampled point's cache holds as many bytes as the one-run curve's at that length (a

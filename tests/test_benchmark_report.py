@@ -167,6 +167,49 @@ def test_end_to_end_ratios_per_length(tmp_path):
     assert "tokens/s (batch x steps / their total time) of 127 steps ending at L:" in text
 
 
+def test_end_to_end_roofline_and_the_speedup_the_bytes_allow(tmp_path):
+    """At 4,000 GB/s a step reading 2 GB of weights and 6 GB of static cache takes 2 ms (20 % of a
+    10 ms mean step: 16 sequences at 1,600 tok/s); VaSE's 2 + 1 GB take 0.75 ms (15 % of 5 ms),
+    so its bytes allow 8 / 3 = 2.67x. A full cache recorded without its weights' size is absent."""
+    shape = "Qwen3-8B B16 P256"
+    sized = {"batch": 16, "weight_bytes": 2 * 10**9}
+    rows = [
+        (Record(*E2E, "hf-static", shape, details=sized,
+                curve=(CurvePoint(1024, 0.010, 1600.0, 6 * 10**9), CurvePoint(2048, 0.010, 1600.0, 6 * 10**9))),
+         [0.010] * 3),
+        (Record(*E2E, "hf-dynamic", shape, details={"batch": 16},
+                curve=(CurvePoint(1024, 0.010, 1600.0, 10**9), CurvePoint(2048, 0.020, 800.0, 2 * 10**9))),
+         [0.010, 0.020]),
+        (Record(*E2E, "vase-2048", shape, compare_to=("hf-dynamic", "hf-static"), details=sized,
+                # A median step of 4 ms, a mean of 5 ms (16 / 3,200 tok/s): the share is of the mean.
+                curve=(CurvePoint(1024, 0.004, 3200.0, 10**9), CurvePoint(2048, 0.004, 3200.0, 10**9))),
+         [0.004, 0.004, 0.007]),
+    ]  # fmt: skip
+    lines = report.render(report.load_runs([write_synthetic(tmp_path / "e2e.json", rows)]), None, 0.05, []).splitlines()
+
+    def cells(prefix: str, after: str) -> list[str]:
+        start = next(i for i, line in enumerate(lines) if line.startswith(after))
+        line = next(line for line in lines[start:] if line.startswith(prefix))
+        return [cell.strip() for cell in line.strip("|").split("|")]
+
+    roofline = "Bandwidth roofline: reading the weights (1.86 GiB a step"
+    assert next(line for line in lines if line.startswith(roofline)).count("(4,000 GB/s)") == 1
+    assert cells("| hf-static |", roofline)[1:] == ["2.00 ms · 20.0 %"] * 2
+    assert cells("| vase-2048 |", roofline)[1:] == ["750.0 µs · 15.0 %"] * 2
+    assert cells("| hf-dynamic |", roofline)[1:] == ["absent"] * 2
+    allowed = "Speed-up the bytes allow"
+    assert cells("| vase-2048 | hf-static |", allowed)[2:] == ["2.67x"] * 2
+    assert cells("| vase-2048 | hf-dynamic |", allowed)[2:] == ["absent"] * 2
+    # The measured speed-up over the StaticCache (2.00x) sits in its own table, above.
+    assert cells("| vase-2048 | hf-static |", "Speed-up over the full caches")[2:4] == ["2.00x"] * 2
+
+
+def test_end_to_end_without_the_weights_size_shows_no_roofline(tmp_path):
+    text = report.render(report.load_runs([write_synthetic(tmp_path / "new.json", synthetic_rows())]), None, 0.05, [])
+    assert "## end-to-end decoding" in text
+    assert "Bandwidth roofline" not in text and "Speed-up the bytes allow" not in text
+
+
 def test_comparison_flags_a_slowed_row_and_passes_an_unchanged_one(tmp_path, capsys):
     old = write_synthetic(tmp_path / "old.json", synthetic_rows())
     same = write_synthetic(tmp_path / "same.json", synthetic_rows())
