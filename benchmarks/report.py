@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from benchmarks.records import COPY, MATMUL, CurvePoint, Record
+from benchmarks.shapes import QWEN3
 
 ABSENT = "absent"
 NOT_APPLICABLE = "—"
@@ -287,6 +288,123 @@ def runs_section(runs: Sequence[Run]) -> list[str]:
     return lines
 
 
+# The benchmark issue's GPU targets, as the report reads them from its rows.
+PREFILL_TARGET = "prefill + window scores ≥ 0.9x SDPA (flash) TFLOP/s at 8k tokens, causal, D = 128"
+EMISSION_TARGET = "score emission ≤ 10 % over no emission (prefill at 8k tokens)"
+DECODE_TARGET = "decode ≥ 70 % of the measured copy bandwidth at batch 16, C = 4160"
+EVICTION_TARGET = "eviction amortised ≤ 3 % of decode attention time (`vase`)"
+END_TO_END_TARGET = "end to end at 16k generated tokens, budget 2048: ≥ 2.5x the full caches' tokens/s, flat memory"
+EVICTION_KERNELS = ("eviction vase", "eviction vase (emitted)")
+END_TO_END_LENGTH = 16384
+END_TO_END_PROVIDER = "vase-2048"
+TARGETS = (PREFILL_TARGET, EMISSION_TARGET, DECODE_TARGET, EVICTION_TARGET, END_TO_END_TARGET)
+
+
+@dataclass(frozen=True)
+class TargetCheck:
+    """One target at one shape: what the rows show, and whether that meets it (None: not measured)."""
+
+    target: str
+    shape: str
+    measured: str
+    met: Optional[bool]
+
+    @property
+    def status(self) -> str:
+        return "not measured" if self.met is None else ("met" if self.met else "not met")
+
+
+def _model_of(shape: str) -> Optional[str]:
+    """The registry model a shape name starts with (`Qwen3-8B B1 T8192` -> `Qwen3-8B`), else None."""
+    model = shape.split(" ")[0]
+    return model if model in QWEN3 else None
+
+
+def _prefill_checks(rows: Sequence[Row], index: RowIndex) -> list[TargetCheck]:
+    checks = []
+    for row in rows:
+        model = _model_of(row.record.shape)
+        if (row.record.suite, row.record.provider) != ("prefill", "vase+scores") or model is None:
+            continue
+        if not row.record.shape.endswith(" T8192") or QWEN3[model].head_dim != 128:
+            continue
+        shape = f"{row.record.shape} (run {row.run.id})"
+        over_sdpa = speedup(index, row, "sdpa")
+        measured = ABSENT if over_sdpa is None else f"{over_sdpa:.2f}x SDPA ({format_number(row.tflops)} TFLOP/s)"
+        checks.append(TargetCheck(PREFILL_TARGET, shape, measured, None if over_sdpa is None else over_sdpa >= 0.9))
+        over_plain = speedup(index, row, "vase")
+        overhead = None if over_plain is None else 100.0 * (1.0 / over_plain - 1.0)
+        measured = ABSENT if overhead is None else f"{overhead:+.1f} % ({format_time(row.median_s)})"
+        checks.append(TargetCheck(EMISSION_TARGET, shape, measured, None if overhead is None else overhead <= 10.0))
+    return checks
+
+
+def _decode_checks(rows: Sequence[Row]) -> list[TargetCheck]:
+    checks = []
+    for row in rows:
+        record = row.record
+        if (record.suite, record.provider) != ("decode", "vase") or not record.shape.endswith(" B16 C4160"):
+            continue
+        percent = row.roofline_percent
+        measured = "no roofline" if percent is None else f"{percent:.1f} % ({format_number(row.gbs, digits=0)} GB/s)"
+        checks.append(TargetCheck(DECODE_TARGET, f"{record.shape} (run {row.run.id})", measured,
+                                  None if percent is None else percent >= 70.0))  # fmt: skip
+    return checks
+
+
+def _eviction_checks(rows: Sequence[Row], index: RowIndex) -> list[TargetCheck]:
+    checks = []
+    for row in rows:
+        record = row.record
+        if record.suite != "eviction" or record.provider != "vase" or record.kernel not in EVICTION_KERNELS:
+            continue
+        percent = relative_percent(index, row)
+        mode = record.details.get("score_mode", "recompute")
+        measured = ABSENT if percent is None else f"{percent:.2f} % ({format_time(row.per_step_s)} a step)"
+        checks.append(TargetCheck(EVICTION_TARGET, f"{record.shape}, {mode} (run {row.run.id})", measured,
+                                  None if percent is None else percent <= 3.0))  # fmt: skip
+    return checks
+
+
+def _end_to_end_checks(rows: Sequence[Row], index: RowIndex) -> list[TargetCheck]:
+    checks = []
+    for row in rows:
+        record = row.record
+        points = {point.generated: point for point in record.curve}
+        if (record.suite, record.provider) != (CURVE_SUITE, END_TO_END_PROVIDER) or END_TO_END_LENGTH not in points:
+            continue
+        ours = points[END_TO_END_LENGTH]
+        parts, ratios = [], []
+        for base in record.compare_to:
+            other = index.find(row.run.device, (record.suite, record.kernel, base, record.shape), row.run.id)
+            theirs = None if other is None else {p.generated: p for p in other.record.curve}.get(END_TO_END_LENGTH)
+            ratios.append(None if theirs is None else ours.tokens_per_s / theirs.tokens_per_s)
+            part = f"vs {base} {format_speedup(ratios[-1])}"
+            if theirs is not None and step_bytes(other, theirs) and step_bytes(row, ours):
+                part += f" (bytes allow {format_speedup(step_bytes(other, theirs) / step_bytes(row, ours))})"
+            parts.append(part)
+        held = {point.kv_bytes for point in record.curve}
+        flat = len(held) == 1
+        memory = f"KV cache {format_bytes(ours.kv_bytes)} " + (
+            f"at all {len(record.curve)} lengths" if flat else "varies with length")
+        measured = "; ".join(parts + [memory])
+        met = None if not ratios or None in ratios else flat and min(ratios) >= 2.5
+        checks.append(TargetCheck(END_TO_END_TARGET, f"{record.shape} (run {row.run.id})", measured, met))
+    return checks
+
+
+def targets_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
+    """The GPU targets, one line per target and shape; a target without rows says so."""
+    checks = _prefill_checks(rows, index) + _decode_checks(rows) + _eviction_checks(rows, index)
+    checks += _end_to_end_checks(rows, index)
+    covered = {check.target for check in checks}
+    checks += [TargetCheck(target, ABSENT, "no row of these runs measures it", None)
+               for target in TARGETS if target not in covered]  # fmt: skip
+    checks.sort(key=lambda check: TARGETS.index(check.target))
+    body = [[check.target, check.shape, check.measured, check.status] for check in checks]
+    return ["## Targets (GPU)", ""] + _table(["target", "shape", "measured", "status"], body, right_from=4)
+
+
 def kernel_section(suite: str, rows: Sequence[Row], index: RowIndex) -> list[str]:
     """One table for a kernel suite: one row per kernel x shape x provider."""
     alternatives = list(dict.fromkeys(p for row in rows for p in row.record.compare_to))
@@ -351,8 +469,11 @@ def curve_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
         lines += [f"### {first.record.shape} — run {first.run.id} ({first.run.device})", ""]
         lines += [f"- {row.record.provider}: {row.record.details.get('method', '')}; {_run_summary(row)}" for row in members]
         measures = [row.record.details["curve_measure"] for row in members if "curve_measure" in row.record.details]
-        measure = measures[0] if measures else "the 256 steps up to each length L"  # records before the key
-        lines += ["", f"Median step latency and tokens/s (batch x steps / their total time) of {measure}:", ""]
+        if measures:
+            lines += ["", f"Median step latency and tokens/s (batch x steps / their total time) of {measures[0]}:", ""]
+        else:  # records written before tokens/s counted every step
+            lines += ["", "Median step latency and tokens/s (batch / median step) of the 256 steps up to each "
+                      "length L:", ""]  # fmt: skip
         header = ["method"] + [f"{length:,} tokens" for length in lengths] + ["cost growth (last / first)"]
         body = []
         for row in members:
@@ -539,6 +660,8 @@ def render(
         lines += ["> **Smoke run — not a measurement.** Tiny shapes, run once (on CPU through the Triton "
                   "interpreter) to check that every suite works. Do not quote these times.", ""]  # fmt: skip
     lines += runs_section(runs) + [""]
+    if any(not run.device.startswith("CPU") for run in runs):
+        lines += targets_section(rows, index) + [""]
     for suite in KERNEL_SUITES:
         suite_rows = [row for row in rows if row.record.suite == suite]
         if suite_rows:

@@ -94,6 +94,8 @@ def test_recorded_smoke_run_has_every_suite_and_renders_as_a_smoke(tmp_path):
     assert report.main([str(RECORDED), "--out", str(tmp_path)]) == 0
     text = (tmp_path / "report.md").read_text()
     assert "Smoke run — not a measurement" in text
+    # Recorded before tokens/s counted every step: its curve says what its figures are.
+    assert "tokens/s (batch / median step) of the 256 steps up to each length L:" in text
     for suite in ("## prefill", "## decode", "## eviction", "## score-mode", "## end-to-end", "## the paper"):
         assert suite in text
     assert (tmp_path / "decode_step_latency.png").stat().st_size > 0
@@ -208,6 +210,59 @@ def test_end_to_end_without_the_weights_size_shows_no_roofline(tmp_path):
     text = report.render(report.load_runs([write_synthetic(tmp_path / "new.json", synthetic_rows())]), None, 0.05, [])
     assert "## end-to-end decoding" in text
     assert "Bandwidth roofline" not in text and "Speed-up the bytes allow" not in text
+
+
+def _targets(text: str) -> list[list[str]]:
+    """The cells of the targets table's rows."""
+    section = text[text.index("## Targets (GPU)"):].split("\n\n")[1]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in section.splitlines()[2:]]
+
+
+def test_targets_read_from_the_kernel_rows(tmp_path):
+    """Prefill 1.1 / 1.05 ms = 1.05x SDPA with +5 % for the scores; decode 2.8e8 B in 0.2 ms =
+    1,400 GB/s, 35 % of 4,000; eviction 0.128 ms / 64 = 2 µs a step, 1 % of that decode step."""
+    rows = report.load_runs([write_synthetic(tmp_path / "new.json", synthetic_rows(decode_slowdown=2.0))])
+    targets = _targets(report.render(rows, None, 0.05, []))
+    assert [row[3] for row in targets] == ["met", "met", "not met", "met", "not measured"]
+    assert targets[0][1:3] == ["Qwen3-8B B1 T8192 (run #1)", "1.05x SDPA (381.0 TFLOP/s)"]
+    assert targets[1][2] == "+5.0 % (1.05 ms)"
+    assert targets[2][1:3] == ["Qwen3-8B B16 C4160 (run #1)", "35.0 % (1,400 GB/s)"]
+    assert targets[3][1:3] == ["Qwen3-8B B16 C4160, recompute (run #1)", "1.00 % (2.0 µs a step)"]
+    assert targets[4][1:3] == ["absent", "no row of these runs measures it"]
+
+
+@pytest.mark.parametrize(
+    "static_tps, dynamic_tps, vase_kv, status",
+    [(1000.0, 500.0, (2**29, 2**29), "met"), (1300.0, 500.0, (2**29, 2**29), "not met"),
+     (1000.0, 500.0, (2**29, 2**30), "not met"), (1000.0, None, (2**29, 2**29), "not measured")],
+    ids=["met", "slower-than-2.5x-the-static-cache", "memory-grows", "a-full-cache-absent"],
+)  # fmt: skip
+def test_end_to_end_target_at_16k_needs_every_full_cache_and_flat_memory(
+    tmp_path, static_tps, dynamic_tps, vase_kv, status
+):
+    shape = "Qwen3-8B B16 P256"
+    sized = {"batch": 16, "weight_bytes": 2 * 10**9}
+
+    def full(name, tps):
+        curve = (CurvePoint(8192, 0.01, 2 * tps, 4 * 10**9), CurvePoint(16384, 0.02, tps, 8 * 10**9))
+        return Record(*E2E, name, shape, details=sized, curve=curve), [0.01, 0.02]
+
+    rows = [full("hf-static", static_tps)] + ([full("hf-dynamic", dynamic_tps)] if dynamic_tps else [])
+    vase = (CurvePoint(8192, 0.005, 3200.0, vase_kv[0]), CurvePoint(16384, 0.005, 3200.0, vase_kv[1]))
+    rows.append((Record(*E2E, "vase-2048", shape, compare_to=("hf-static", "hf-dynamic"), details=sized, curve=vase),
+                 [0.005, 0.005]))  # fmt: skip
+    targets = _targets(report.render(report.load_runs([write_synthetic(tmp_path / "e2e.json", rows)]), None, 0.05, []))
+    line = targets[-1]
+    assert line[1] == "Qwen3-8B B16 P256 (run #1)" and line[3] == status
+    # 10 GB of the static cache's step against 2.5 GB of ours (2 GB of weights + 0.5 GiB).
+    assert line[2].startswith(f"vs hf-static {3200.0 / static_tps:.2f}x (bytes allow {10e9 / (2e9 + vase_kv[1]):.2f}x)")
+    if dynamic_tps is None:
+        assert "vs hf-dynamic absent" in line[2]
+    assert line[2].endswith("at all 2 lengths" if vase_kv[0] == vase_kv[1] else "varies with length")
+
+
+def test_a_cpu_report_has_no_gpu_targets():
+    assert "## Targets (GPU)" not in report.render(report.load_runs([RECORDED]), None, 0.05, [])
 
 
 def test_comparison_flags_a_slowed_row_and_passes_an_unchanged_one(tmp_path, capsys):
