@@ -5,7 +5,8 @@
   default with CUDA.
 - `deep`: end-to-end decoding only, at a whole model's depth (Qwen3-8B, 36 layers) at 16,384
   generated tokens: the setting of the end-to-end target, where the `gpu` profile's 4 layers
-  let the output projection's weights dominate every step (a few minutes on one H200).
+  let the output projection's weights dominate every step (sized for minutes on one H200;
+  not yet timed there).
 - `full`: every registry shape, end-to-end decoding to 32k tokens and the paper's
   throughput protocol at full model depth (about an hour on one GPU).
 - `cpu`: the CPU end-to-end measurement (thousands of tokens through the PyTorch
