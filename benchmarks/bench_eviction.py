@@ -18,6 +18,12 @@ keys before compacting. Each timed call first restores that buffer from a fixed 
 uniform scores (continuous, so sampled evictions spread over the row as real ones do; an
 eviction clears the buffer). Its percentage is of the decode step that emits those scores
 (the decode suite's `vase+scores` row).
+
+`eviction vase: importance (recompute)` and `eviction vase: select + compact` split a `vase`
+eviction in two: the importance alone (`VaSECacheLayer.importance()`, the two passes of
+the ring's queries over the candidate keys; TFLOP/s of their matmuls), and the eviction
+given that importance (against the reference given the same), so that a run shows which
+part an eviction's time goes to.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import torch
 
 from benchmarks import profiles, timing
 from benchmarks.cache_layers import prefilled_layer
-from benchmarks.records import COPY, DECODE_KERNEL, DECODE_SUITE, Record
+from benchmarks.records import COPY, DECODE_KERNEL, DECODE_SUITE, MATMUL, Record
 from benchmarks.shapes import BATCH_SIZES, BUDGETS, QWEN3, TINY, CacheShape
 from vase_triton.config import VaSEConfig
 from vase_triton.policies import POLICIES
@@ -49,10 +55,12 @@ SHAPES = profiles.pick({
 
 
 def _time_eviction(benchmark, device, monkeypatch, shape: CacheShape, config: VaSEConfig, implementation: str,
-                   kernel: str, decode_provider: str, observed: Optional[torch.Tensor] = None) -> None:
+                   kernel: str, decode_provider: str, observed: Optional[torch.Tensor] = None,
+                   importance: Optional[torch.Tensor] = None) -> None:
     """Time `evict()` of a full layer of `shape` under `config`, as the `kernel` row of `implementation`.
 
     observed: scores restored into the layer before each eviction (`emitted`), or None.
+    importance: `[B, Hkv, C]` given to each eviction instead of the policy's, or None.
     decode_provider: the decode suite's row whose step time the per-step cost is a percentage of.
     """
     layer = prefilled_layer(shape, config, shape.capacity, device)
@@ -64,7 +72,7 @@ def _time_eviction(benchmark, device, monkeypatch, shape: CacheShape, config: Va
         layer.length_bound = shape.capacity
         if observed is not None:
             layer.scores.copy_(observed)
-        layer.evict()
+        layer.evict(importance)
 
     record = Record(
         SUITE, kernel, implementation, shape.name,
@@ -95,3 +103,28 @@ def test_emitted_eviction(benchmark, roofline, device, monkeypatch, shape: Cache
     _time_eviction(
         benchmark, device, monkeypatch, shape, config, implementation, "eviction vase (emitted)", "vase+scores", observed
     )
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
+def test_eviction_importance(benchmark, roofline, device, shape: CacheShape):
+    config = VaSEConfig(policy="vase", budget=shape.budget, window=shape.window)
+    layer = prefilled_layer(shape, config, shape.capacity, device)
+    record = Record(
+        SUITE, "eviction vase: importance (recompute)", "vase", shape.name,
+        flops=shape.recompute_flops(), roofline=MATMUL, per_step=shape.window,
+        relative_to=(DECODE_SUITE, DECODE_KERNEL, "vase", shape.name), details={"dtype": "bfloat16"},
+    )  # fmt: skip
+    importance = timing.measure(benchmark, layer.importance, record, graph=True)
+    candidates = importance[:, :, : shape.budget]
+    assert bool(torch.isfinite(candidates).all()) and bool((candidates >= 0).all())
+    assert int(layer.n_evictions) == 0, "computing the importance must not evict"
+
+
+@pytest.mark.parametrize("implementation", ["vase", "reference"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
+def test_eviction_given_its_importance(benchmark, roofline, device, monkeypatch, shape: CacheShape,
+                                       implementation: str):  # fmt: skip
+    config = VaSEConfig(policy="vase", budget=shape.budget, window=shape.window)
+    importance = prefilled_layer(shape, config, shape.capacity, device).importance()
+    _time_eviction(benchmark, device, monkeypatch, shape, config, implementation, "eviction vase: select + compact",
+                   "vase", importance=importance)  # fmt: skip

@@ -12,10 +12,11 @@
 #   autotuning                          75  (limit) Qwen3-8B decode-time kernels, batch 16, budget 4096:
 #                                           the default-vs-tuned table and the stored file
 #   attention benchmarks                60  (limit) prefill + decode; roofline measured in the session
-#   eviction benchmarks                 55  (limit) eviction per policy, emitted-mode eviction, score modes
+#   eviction benchmarks                 60  (limit) eviction per policy, a vase eviction's two parts,
+#                                           emitted-mode eviction, score modes
 #   decode step profile                 60  (limit) host against device time of each end-to-end
 #                                           method's decode step, and its top kernels
-#   end-to-end decoding                ~50+ what is left of the first 420 s, shared by its four
+#   end-to-end decoding                ~40+ what is left of the first 420 s, shared by its four
 #                                           methods as they go (VASE_BENCH_DECODE_DEADLINE), less
 #                                           their compilation and warm-up (30 s compiled, 5 s eager)
 #   report                              20  (limit)
@@ -98,7 +99,7 @@ VASE_AUTOTUNE_DIR="$out/autotune" $python -m vase_triton autotune --show > "$out
 run_step attention 60 $python -m pytest -q -p no:cacheprovider \
   benchmarks/bench_prefill.py benchmarks/bench_decode.py --benchmark-json "$out/attention.json"
 
-run_step eviction 55 $python -m pytest -q -p no:cacheprovider \
+run_step eviction 60 $python -m pytest -q -p no:cacheprovider \
   benchmarks/bench_eviction.py benchmarks/bench_score_modes.py --benchmark-json "$out/eviction.json"
 
 # Inductor's performance hints and dynamo's recompilations go into the logs of the two

@@ -136,6 +136,12 @@ class CacheShape:
             scores = 2.0 * 4 * self.batch * self.capacity * (layout.q_heads + layout.kv_heads)
         return cache + query_out + scores
 
+    def recompute_flops(self) -> float:
+        """Nominal matmul work of one `recompute` importance: the `window` ring queries of every query
+        head against the `budget` candidate keys, twice (log-sum-exp, then probabilities)."""
+        layout = self.layout
+        return 2 * 2.0 * self.batch * layout.q_heads * self.window * self.budget * layout.head_dim
+
     def eviction_bytes(self, element_bytes: int = 2) -> float:
         """Nominal select-and-compact traffic of one eviction in which every survivor moves.
 
