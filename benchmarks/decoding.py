@@ -86,7 +86,6 @@ HF_DYNAMIC_NO_CUDNN = Method(
     "hf-dynamic-no-cudnn", "dynamic", sdpa_backends=("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 )
 HF_STATIC = Method("hf-static", "static")
-FULL_CACHE_METHODS = (HF_DYNAMIC.name, HF_DYNAMIC_NO_CUDNN.name, HF_STATIC.name)
 
 
 def vase_method(budget: int, policy: str = "vase") -> Method:
