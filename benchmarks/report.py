@@ -320,6 +320,12 @@ def _model_of(shape: str) -> Optional[str]:
     return model if model in QWEN3 else None
 
 
+def _timed_as(row: Row) -> str:
+    """`, <how the row was timed>` (`eager calls`, `CUDA graph replays`) when its record says, else ``."""
+    timing = row.record.details.get("timing")
+    return f", {timing.split(',')[0]}" if timing else ""
+
+
 def _prefill_checks(rows: Sequence[Row], index: RowIndex) -> list[TargetCheck]:
     checks = []
     for row in rows:
@@ -346,7 +352,8 @@ def _decode_checks(rows: Sequence[Row]) -> list[TargetCheck]:
         if (record.suite, record.provider) != ("decode", "vase") or not record.shape.endswith(" B16 C4160"):
             continue
         percent = row.roofline_percent
-        measured = "no roofline" if percent is None else f"{percent:.1f} % ({format_number(row.gbs, digits=0)} GB/s)"
+        measured = "no roofline" if percent is None else (
+            f"{percent:.1f} % ({format_number(row.gbs, digits=0)} GB/s{_timed_as(row)})")
         checks.append(TargetCheck(DECODE_TARGET, f"{record.shape} (run {row.run.id})", measured,
                                   None if percent is None else percent >= 70.0))  # fmt: skip
     return checks
@@ -360,7 +367,8 @@ def _eviction_checks(rows: Sequence[Row], index: RowIndex) -> list[TargetCheck]:
             continue
         percent = relative_percent(index, row)
         mode = record.details.get("score_mode", "recompute")
-        measured = ABSENT if percent is None else f"{percent:.2f} % ({format_time(row.per_step_s)} a step)"
+        measured = ABSENT if percent is None else (
+            f"{percent:.2f} % ({format_time(row.per_step_s)} a step{_timed_as(row)})")
         checks.append(TargetCheck(EVICTION_TARGET, f"{record.shape}, {mode} (run {row.run.id})", measured,
                                   None if percent is None else percent <= 3.0))  # fmt: skip
     return checks

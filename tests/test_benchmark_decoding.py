@@ -134,8 +134,10 @@ def test_a_step_reads_every_weight_but_the_embedding_table(tied):
     projection, read whole whether or not it shares the (otherwise unread) embedding table."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=1000, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=tied)  # fmt: skip
+    config = Qwen3Config(
+        vocab_size=1000, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, tie_word_embeddings=tied,
+    )  # fmt: skip
     with torch.device("meta"):
         model = Qwen3ForCausalLM(config).to(torch.bfloat16)
     hidden, heads, kv_heads, head_dim = 64, 4, 2, 32

@@ -226,8 +226,8 @@ def test_targets_read_from_the_kernel_rows(tmp_path):
     assert [row[3] for row in targets] == ["met", "met", "not met", "met", "not measured"]
     assert targets[0][1:3] == ["Qwen3-8B B1 T8192 (run #1)", "1.05x SDPA (381.0 TFLOP/s)"]
     assert targets[1][2] == "+5.0 % (1.05 ms)"
-    assert targets[2][1:3] == ["Qwen3-8B B16 C4160 (run #1)", "35.0 % (1,400 GB/s)"]
-    assert targets[3][1:3] == ["Qwen3-8B B16 C4160, recompute (run #1)", "1.00 % (2.0 µs a step)"]
+    assert targets[2][1:3] == ["Qwen3-8B B16 C4160 (run #1)", "35.0 % (1,400 GB/s, CUDA graph replays)"]
+    assert targets[3][1:3] == ["Qwen3-8B B16 C4160, recompute (run #1)", "1.00 % (2.0 µs a step, CUDA graph replays)"]
     assert targets[4][1:3] == ["absent", "no row of these runs measures it"]
 
 
