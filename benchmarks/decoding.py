@@ -186,7 +186,8 @@ def weights_description() -> str:
 def weight_bytes_per_step(model) -> int:
     """Bytes of the parameters one decode step reads: each weight once, except the input
     embedding table, of which a step reads only its batch's rows (a table the output
-    projection shares is read whole there, so it counts)."""
+    projection shares is read whole there, so it counts). For a mixture of experts this
+    counts every expert: an upper bound, since a step reads only the routed ones."""
     embedding = model.get_input_embeddings().weight
     output = model.get_output_embeddings()
     shared = output is not None and output.weight is embedding
