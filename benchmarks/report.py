@@ -535,7 +535,9 @@ def _roofline_cell(row: Row, point: CurvePoint) -> str:
     return ABSENT if floor_s is None else f"{format_time(floor_s)} · {format_number(share, ' %')}"
 
 
-def _bytes_section(members: Sequence[Row], pairs, lengths: list[int], index: RowIndex) -> list[str]:
+def _bytes_section(
+    members: Sequence[Row], pairs: Sequence[tuple[Row, str]], lengths: list[int], index: RowIndex
+) -> list[str]:
     """Each method's bandwidth roofline per length, and the speed-up the bytes allow over each full
     cache; nothing for runs whose records lack the weights' size."""
     sized = [row for row in members if "weight_bytes" in row.record.details]
