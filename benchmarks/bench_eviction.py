@@ -56,14 +56,16 @@ SHAPES = profiles.pick({
 
 def _time_eviction(benchmark, device, monkeypatch, shape: CacheShape, config: VaSEConfig, implementation: str,
                    kernel: str, decode_provider: str, observed: Optional[torch.Tensor] = None,
-                   importance: Optional[torch.Tensor] = None) -> None:
+                   given_importance: bool = False) -> None:
     """Time `evict()` of a full layer of `shape` under `config`, as the `kernel` row of `implementation`.
 
     observed: scores restored into the layer before each eviction (`emitted`), or None.
-    importance: `[B, Hkv, C]` given to each eviction instead of the policy's, or None.
+    given_importance: compute the policy's importance once, before timing, and give it to each
+        eviction (which then times selection and compaction alone).
     decode_provider: the decode suite's row whose step time the per-step cost is a percentage of.
     """
     layer = prefilled_layer(shape, config, shape.capacity, device)
+    importance = layer.importance() if given_importance else None
     if implementation == "reference":
         monkeypatch.setenv("VASE_BACKEND", "torch")
 
@@ -125,6 +127,5 @@ def test_eviction_importance(benchmark, roofline, device, shape: CacheShape):
 def test_eviction_given_its_importance(benchmark, roofline, device, monkeypatch, shape: CacheShape,
                                        implementation: str):  # fmt: skip
     config = VaSEConfig(policy="vase", budget=shape.budget, window=shape.window)
-    importance = prefilled_layer(shape, config, shape.capacity, device).importance()
     _time_eviction(benchmark, device, monkeypatch, shape, config, implementation, "eviction vase: select + compact",
-                   "vase", importance=importance)  # fmt: skip
+                   "vase", given_importance=True)  # fmt: skip

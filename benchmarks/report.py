@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from benchmarks.records import COPY, MATMUL, CurvePoint, Record
-from benchmarks.shapes import QWEN3
+from benchmarks.shapes import BATCH_SIZES, QWEN3, CacheShape, PrefillShape
 
 ABSENT = "absent"
 NOT_APPLICABLE = "—"
@@ -294,6 +294,13 @@ EMISSION_TARGET = "score emission ≤ 10 % over no emission (prefill at 8k token
 DECODE_TARGET = "decode ≥ 70 % of the measured copy bandwidth at batch 16, C = 4160"
 EVICTION_TARGET = "eviction amortised ≤ 3 % of decode attention time (`vase`)"
 END_TO_END_TARGET = "end to end at 16k generated tokens, budget 2048: ≥ 2.5x the full caches' tokens/s, flat memory"
+# The registry shapes each kernel target is read at.
+PREFILL_TARGET_SHAPES = frozenset(
+    PrefillShape(layout, batch, 8192).name
+    for layout in QWEN3.values() if layout.head_dim == 128
+    for batch in BATCH_SIZES
+)
+DECODE_TARGET_SHAPES = frozenset(CacheShape(layout, 16, 4096).name for layout in QWEN3.values())
 EVICTION_KERNELS = ("eviction vase", "eviction vase (emitted)")
 END_TO_END_LENGTH = 16384
 END_TO_END_PROVIDER = "vase-2048"
@@ -314,12 +321,6 @@ class TargetCheck:
         return "not measured" if self.met is None else ("met" if self.met else "not met")
 
 
-def _model_of(shape: str) -> Optional[str]:
-    """The registry model a shape name starts with (`Qwen3-8B B1 T8192` -> `Qwen3-8B`), else None."""
-    model = shape.split(" ")[0]
-    return model if model in QWEN3 else None
-
-
 def _timed_as(row: Row) -> str:
     """`, <how the row was timed>` (`eager calls`, `CUDA graph replays`) when its record says, else ``."""
     timing = row.record.details.get("timing")
@@ -329,12 +330,10 @@ def _timed_as(row: Row) -> str:
 def _prefill_checks(rows: Sequence[Row], index: RowIndex) -> list[TargetCheck]:
     checks = []
     for row in rows:
-        model = _model_of(row.record.shape)
-        if (row.record.suite, row.record.provider) != ("prefill", "vase+scores") or model is None:
+        record = row.record
+        if (record.suite, record.provider) != ("prefill", "vase+scores") or record.shape not in PREFILL_TARGET_SHAPES:
             continue
-        if not row.record.shape.endswith(" T8192") or QWEN3[model].head_dim != 128:
-            continue
-        shape = f"{row.record.shape} (run {row.run.id})"
+        shape = f"{record.shape} (run {row.run.id})"
         over_sdpa = speedup(index, row, "sdpa")
         measured = ABSENT if over_sdpa is None else f"{over_sdpa:.2f}x SDPA ({format_number(row.tflops)} TFLOP/s)"
         checks.append(TargetCheck(PREFILL_TARGET, shape, measured, None if over_sdpa is None else over_sdpa >= 0.9))
@@ -349,7 +348,7 @@ def _decode_checks(rows: Sequence[Row]) -> list[TargetCheck]:
     checks = []
     for row in rows:
         record = row.record
-        if (record.suite, record.provider) != ("decode", "vase") or not record.shape.endswith(" B16 C4160"):
+        if (record.suite, record.provider) != ("decode", "vase") or record.shape not in DECODE_TARGET_SHAPES:
             continue
         percent = row.roofline_percent
         measured = "no roofline" if percent is None else (
@@ -388,8 +387,9 @@ def _end_to_end_checks(rows: Sequence[Row], index: RowIndex) -> list[TargetCheck
             theirs = None if other is None else {p.generated: p for p in other.record.curve}.get(END_TO_END_LENGTH)
             ratios.append(None if theirs is None else ours.tokens_per_s / theirs.tokens_per_s)
             part = f"vs {base} {format_speedup(ratios[-1])}"
-            if theirs is not None and step_bytes(other, theirs) and step_bytes(row, ours):
-                part += f" (bytes allow {format_speedup(step_bytes(other, theirs) / step_bytes(row, ours))})"
+            their_bytes = None if theirs is None else step_bytes(other, theirs)
+            if their_bytes and step_bytes(row, ours):
+                part += f" (bytes allow {format_speedup(their_bytes / step_bytes(row, ours))})"
             parts.append(part)
         held = {point.kv_bytes for point in record.curve}
         flat = len(held) == 1
