@@ -11,7 +11,8 @@ divisible, integers equal to 1 folded into constants) and compiled ahead of time
 Eviction at prefill (`N = T` slots) is audited for prompts of 32k and 128k tokens: rows
 longer than the in-register limit take the tiled selection kernel, whose tiles (and so
 its registers and its compiled variants) do not depend on `N`; the append of such a
-prompt spreads its tokens over many programs.
+prompt spreads its tokens over many programs. The decode-time selection is also audited
+with 4 and 16 probes a search round at 8 and 16 warps, autotuning candidates.
 
 Prints a markdown table: shared memory per block (limit 227 KiB on H100/H200),
 registers per thread, spill stores/loads, warps and stages. Exits 0 with a message when
@@ -224,6 +225,22 @@ def eviction_launches(
     return launches
 
 
+def probed_selection_launches(probes: int, num_warps: int) -> list[Launch]:
+    """The decode-time selection (one row per program) with `probes` thresholds a search round:
+    autotuning candidates, not the launcher's default (bisection)."""
+    cache = _meta_cache(DECODE_BATCH, CAPACITY, 128, torch.bfloat16)
+    rows = DECODE_BATCH * KV_HEADS
+    with recorded(eviction, "_evict_select_kernel") as launches:
+        eviction.select_survivors_(
+            cache, _meta(DECODE_BATCH, KV_HEADS, CAPACITY, dtype=torch.float32),
+            _meta(rows, BUDGET, dtype=torch.int32), _meta(rows, dtype=torch.int8),
+            budget=BUDGET, window=WINDOW, n_sink=N_SINK, n_protect=BUDGET // 4, temperature=1.0, seed=2**40 + 7,
+            eviction_index=_meta(1, dtype=torch.int64), trigger_length=BUDGET + 1, noise=None,
+            config=eviction.SelectConfig(1, num_warps, probes),
+        )  # fmt: skip
+    return launches
+
+
 def recompute_launches(dtype: torch.dtype, head_dim: int) -> list[Launch]:
     """`score_mode="recompute"` importance: 64 window queries of 32 heads over 4096 of 4160 slots."""
     q = _meta(DECODE_BATCH, Q_HEADS, WINDOW, head_dim, dtype=dtype)
@@ -358,6 +375,12 @@ def audit(launch: Launch, case: str) -> Audit:
 def cases() -> Iterator[tuple[str, list[Launch]]]:
     """(description, launches) of every production configuration audited."""
     yield f"candidate pool B{DECODE_BATCH} Hkv{KV_HEADS} C{CAPACITY} width5 fp32", pool_launches()
+    for probes in (4, 16):
+        for num_warps in (8, 16):
+            yield (
+                f"evict select B{DECODE_BATCH} Hkv{KV_HEADS} C{CAPACITY} gumbel probes{probes} (a tuning candidate)",
+                probed_selection_launches(probes, num_warps),
+            )
     for dtype in DTYPES:
         name = _dtype_name(dtype)
         for head_dim in ATTENTION_HEAD_DIMS:

@@ -241,13 +241,14 @@ def test_eviction_takes_stored_selection_and_compaction_and_selects_the_same_tok
     heuristic_cache = make_cache(device)
     vase_triton.ops.evict_(heuristic_cache, importance, **selection)
 
-    put(store_dir, "evict_select", shape, dict(block_r=1, num_warps=8), device)
+    put(store_dir, "evict_select", shape, dict(block_r=1, num_warps=8, probes=4), device)
     put(store_dir, "evict_compact", shape, dict(block_r=1, block_m=16, block_d=32, num_warps=2), device)
     select = spy_on(monkeypatch, eviction, "_evict_select_kernel")
     compact = spy_on(monkeypatch, eviction, "_evict_compact_kernel")
     tuned_cache = make_cache(device)
     vase_triton.ops.evict_(tuned_cache, importance, **selection)
-    assert select.launches[0][0] == (4,) and options(select.launches[0], "BLOCK_R", "num_warps") == (1, 8)
+    assert select.launches[0][0] == (4,)
+    assert options(select.launches[0], "BLOCK_R", "num_warps", "PROBES") == (1, 8, 4)
     assert compact.launches[0][0] == (4, 2)
     assert options(compact.launches[0], "BLOCK_R", "BLOCK_M", "BLOCK_D", "num_warps") == (1, 16, 32, 2)
     for name, actual, wanted in zip(CacheTensors._fields, tuned_cache, heuristic_cache):

@@ -401,3 +401,25 @@ def test_temperatures_below_the_floor_select_the_top_k_in_both_implementations(t
     for op in (evict_, reference.evict_):
         got = run(case, state, op=op, noise=None)
         assert torch.equal(got["positions"].cpu(), topk["positions"].cpu()), op.__module__
+
+
+@pytest.mark.parametrize("probes", [2, 16])
+@pytest.mark.parametrize("tiled", [False, True], ids=["in-register", "tiled"])
+def test_every_number_of_probes_selects_what_bisection_does(probes: int, tiled: bool, device, monkeypatch) -> None:
+    """The threshold search with several probes a round finds the same threshold as bisection
+    (one probe), or stops at one with exactly as many keys above: the same survivors, to the bit."""
+    cases = TILED_CASES if tiled else CASES
+    if tiled:
+        monkeypatch.setattr(eviction_kernels, "_MAX_RESIDENT_SLOTS", 16)
+        monkeypatch.setattr(eviction_kernels, "_TILED_BLOCK_N", 16)
+    for index, case in enumerate(cases):
+        state = make_state(case, device, seed=40 + index)
+        bisected = run(case, state)
+        with monkeypatch.context() as patch:
+            for name in ("select_heuristic", "tiled_select_heuristic"):
+                heuristic = getattr(eviction_kernels, name)
+                patch.setattr(eviction_kernels, name, lambda shape, h=heuristic: h(shape)._replace(probes=probes))
+            probed = run(case, state)
+        check_invariants(case, state, probed)
+        for name in CacheTensors._fields:
+            assert torch.equal(bits(probed[name]), bits(bisected[name])), (case.id, name)

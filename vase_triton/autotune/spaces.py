@@ -128,7 +128,7 @@ class KernelSpace(abc.ABC):
                 return False
             if name == "num_warps" and value not in _WARPS:
                 return False
-            if name.startswith("block_") and value & (value - 1):
+            if (name.startswith("block_") or name == "probes") and value & (value - 1):
                 return False
             if (name == "num_stages" and value > _MAX_STAGES) or (name == "num_splits" and value > _MAX_SPLITS):
                 return False
@@ -323,9 +323,10 @@ class AppendSpace(KernelSpace):
 class EvictSelectSpace(KernelSpace):
     name = "evict_select"
     module = "vase_triton.kernels.eviction"
-    description = "eviction selection in registers: BLOCK_R whole rows per program"
+    description = "eviction selection in registers: BLOCK_R whole rows per program, PROBES thresholds a round"
     BLOCK_R = (1, 2, 4, 8, 16)
     WARPS = (4, 8, 16, 32)
+    PROBES = (1, 4, 16)
 
     config_type = SelectConfig
 
@@ -337,23 +338,27 @@ class EvictSelectSpace(KernelSpace):
 
     def grid(self, shape: EvictShape, profile: DeviceProfile) -> Iterator[dict]:
         block_n = candidate_block(shape)
-        for block_r in _upto(self.BLOCK_R, _pow2(shape.batch * shape.kv_heads)):
-            for num_warps in self.WARPS:
-                if block_r * block_n >= 32 * num_warps:
-                    yield dict(block_r=block_r, num_warps=num_warps)
+        for probes in self.PROBES:
+            for block_r in _upto(self.BLOCK_R, _pow2(shape.batch * shape.kv_heads)):
+                for num_warps in self.WARPS:
+                    if block_r * block_n >= 32 * num_warps:
+                        yield dict(block_r=block_r, num_warps=num_warps, probes=probes)
 
     def estimate(self, params: dict, shape: EvictShape) -> Resources:
-        # About six [BLOCK_R, BLOCK_N] keys and masks are live at once.
+        # About six [BLOCK_R, BLOCK_N] keys and masks are live at once; a round with several probes
+        # adds one more (its comparisons, reduced as they are made) and a count per probe.
         per_thread = params["block_r"] * candidate_block(shape) / _threads(params)
-        return Resources(0, int(20 + 6 * per_thread))
+        probing = per_thread + 2 * params["probes"] if params["probes"] > 1 else 0
+        return Resources(0, int(20 + 6 * per_thread + probing))
 
 
 class EvictSelectTiledSpace(KernelSpace):
     name = "evict_select_tiled"
     module = "vase_triton.kernels.eviction"
-    description = "eviction selection of long rows: one row per program in [BLOCK_N] tiles"
+    description = "eviction selection of long rows: one row per program in [BLOCK_N] tiles, PROBES thresholds a round"
     BLOCK_N = (512, 1024, 2048, 4096)
     WARPS = (4, 8, 16)
+    PROBES = (1, 4, 16)
 
     config_type = TiledSelectConfig
 
@@ -364,13 +369,16 @@ class EvictSelectTiledSpace(KernelSpace):
         return tiled_select_heuristic(shape)._asdict()
 
     def grid(self, shape: EvictShape, profile: DeviceProfile) -> Iterator[dict]:
-        for block_n in _upto(self.BLOCK_N, _pow2(shape.num_slots)):
-            for num_warps in self.WARPS:
-                if block_n >= 32 * num_warps:
-                    yield dict(block_n=block_n, num_warps=num_warps)
+        for probes in self.PROBES:
+            for block_n in _upto(self.BLOCK_N, _pow2(shape.num_slots)):
+                for num_warps in self.WARPS:
+                    if block_n >= 32 * num_warps:
+                        yield dict(block_n=block_n, num_warps=num_warps, probes=probes)
 
     def estimate(self, params: dict, shape: EvictShape) -> Resources:
-        return Resources(0, int(30 + 7.5 * params["block_n"] / _threads(params)))
+        per_thread = params["block_n"] / _threads(params)
+        probing = per_thread + 2 * params["probes"] if params["probes"] > 1 else 0
+        return Resources(0, int(30 + 7.5 * per_thread + probing))
 
 
 class EvictCompactSpace(KernelSpace):

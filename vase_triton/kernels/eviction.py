@@ -6,11 +6,14 @@ Two launches share the work of one eviction:
   `(b, kv_head)`): the sinks, the largest value magnitudes among the other candidates
   (`n_protect` in all, sinks included), the largest Gumbel-perturbed importance keys among
   the rest up to `budget - window` kept candidates, and the recent window. Each "largest
-  `m`" is an exact threshold found by bisection on the order-preserving int32 image of the
-  float32 keys (at most 32 rounds of counting `key >= t`, fewer when some `t` has exactly
-  `m` keys at or above it, as distinct continuous keys soon do), ties at the threshold
-  filled in slot order with `tl.cumsum`. It writes, per row, the source slot of each
-  destination slot `[0, budget)` and a flag saying whether the row is evicted at all.
+  `m`" is an exact threshold found by a search on the order-preserving int32 image of the
+  float32 keys: each round counts the keys at or above `PROBES` thresholds and keeps the
+  part of the range between two of them that holds the `m`-th largest key (one probe
+  bisects: at most 32 rounds; 16 probes: at most 8, each counting 16x as much); it stops
+  early when some threshold has exactly `m` keys at or above it, as distinct continuous
+  keys soon do. Ties at the threshold are filled in slot order with `tl.cumsum`. It writes,
+  per row, the source slot of each destination slot `[0, budget)` and a flag saying whether
+  the row is evicted at all.
   - `_evict_select_kernel` holds the candidate slots of `BLOCK_R` rows in registers (the
     recent window is kept outright, its sources written without a selection): the fast
     path, used while the candidates fit (`N - window <= _MAX_RESIDENT_SLOTS`, every
@@ -74,31 +77,59 @@ def _ordered_bits(x):
 
 
 @triton.jit
-def _bisection_step(lo, hi, mid, n_at_least, count):
-    """Narrow `[lo, hi]`, which holds a threshold of the `count` largest, given `n_at_least` values >= `mid`.
-
-    Bisection converges on the `count`-th largest value; it stops early (`lo == hi == mid`) when
-    exactly `count` values are at or above `mid`, which selects the same values without ties.
-    """
-    enough = n_at_least >= count
-    exact = n_at_least == count
-    return tl.where(enough, mid, lo), tl.where(exact, mid, tl.where(enough, hi, mid - 1))
+def _probe_points(lo, hi, PROBES: tl.constexpr):
+    """`[R, PROBES]` int64 points `p_j = lo + floor(j * (hi - lo + 1) / (PROBES + 1))`, `j = 1..PROBES`,
+    which cut each row's `[lo, hi]` (`lo`, `hi`: `[R]`) into `PROBES + 1` near-equal parts."""
+    j = (tl.arange(0, PROBES) + 1).to(tl.int64)
+    return lo[:, None] + ((hi - lo + 1)[:, None] * j[None, :]) // (PROBES + 1)
 
 
 @triton.jit
-def _select_largest(ordered, eligible, count, BLOCK_R: tl.constexpr):
+def _count_at_least(ordered, eligible, probes, PROBES: tl.constexpr):
+    """`[R, PROBES]` int32: how many `eligible` `ordered` values (`[R, BLOCK_N]`) are >= each probe (`[R, PROBES]`)."""
+    if PROBES == 1:
+        hits = eligible & (ordered >= probes.to(tl.int32))  # [R, BLOCK_N]
+        return tl.sum(hits.to(tl.int32), axis=1)[:, None]
+    else:
+        hits = eligible[:, None, :] & (ordered[:, None, :] >= probes.to(tl.int32)[:, :, None])  # [R, PROBES, BLOCK_N]
+        return tl.sum(hits.to(tl.int32), axis=2)
+
+
+@triton.jit
+def _narrow(lo, hi, n_at_least, count, PROBES: tl.constexpr):
+    """Narrow `[lo, hi]` (`[R]`), which holds the threshold of the `count` largest values, to the part
+    between two consecutive probes (`_probe_points`) that holds it, given `n_at_least` (`[R, PROBES]`)
+    values at or above each probe.
+
+    The threshold is the largest `t` with at least `count` values `>= t`: the `count`-th largest
+    value. The search stops early (`lo == hi`, a probe) when exactly `count` values are at or above
+    a probe, which selects the same values without ties. With one probe this is bisection.
+    """
+    size = hi - lo + 1  # [R]
+    # Counts fall as probes rise: the probes with enough values at or above them are a prefix.
+    part = tl.sum((n_at_least >= count).to(tl.int32), axis=1)  # [R], in [0, PROBES]
+    new_lo = lo + (size * part) // (PROBES + 1)
+    new_hi = lo + (size * (part + 1)) // (PROBES + 1) - 1
+    j = tl.arange(0, PROBES) + 1
+    n_at_new_lo = tl.sum(tl.where(j[None, :] == part[:, None], n_at_least, 0), axis=1)  # [R]
+    exact = (part > 0) & (n_at_new_lo == count)
+    return new_lo, tl.where(exact, new_lo, new_hi)
+
+
+@triton.jit
+def _select_largest(ordered, eligible, count, BLOCK_R: tl.constexpr, PROBES: tl.constexpr):
     """Mask of the `count` largest `ordered` values among `eligible`, ties to the earlier slot.
 
     `ordered`, `eligible`: [BLOCK_R, BLOCK_N]; `count`: scalar. Rows with fewer than
     `count` eligible slots get an unspecified mask (the caller never uses them).
     """
-    # A threshold t with the `count` largest at or above it, by bisection on int32 (at most 32 rounds).
+    # A threshold t with the `count` largest at or above it, by a search on int32 that cuts the
+    # range into PROBES + 1 parts a round (at most 32 rounds with one probe, 8 with 16).
     lo = tl.full([BLOCK_R], -2147483648, tl.int64)
     hi = tl.full([BLOCK_R], 2147483647, tl.int64)
     while tl.max(hi - lo, axis=0) > 0:
-        mid = lo + (hi - lo + 1) // 2
-        n_at_least = tl.sum((eligible & (ordered >= mid.to(tl.int32)[:, None])).to(tl.int32), axis=1)
-        lo, hi = _bisection_step(lo, hi, mid, n_at_least, count)
+        n_at_least = _count_at_least(ordered, eligible, _probe_points(lo, hi, PROBES), PROBES)
+        lo, hi = _narrow(lo, hi, n_at_least, count, PROBES)
     threshold = lo.to(tl.int32)[:, None]  # [BLOCK_R, 1]
     above = eligible & (ordered > threshold)  # [BLOCK_R, BLOCK_N]
     ties = eligible & (ordered == threshold)  # [BLOCK_R, BLOCK_N]
@@ -169,6 +200,7 @@ def _evict_select_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    PROBES: tl.constexpr,
 ):
     # BLOCK_N >= N - window covers every candidate slot; BLOCK_W >= window the recent ones.
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)  # [BLOCK_R]
@@ -192,7 +224,7 @@ def _evict_select_kernel(
             mag_rows = magnitudes_ptr + batch * stride_mb + head * stride_mh  # [BLOCK_R]
             magnitude = tl.load(mag_rows[:, None] + slots[None, :] * stride_mn, mask=candidate, other=0.0)
             magnitude = tl.where(magnitude == magnitude, magnitude, float("-inf"))
-            protected = _select_largest(_ordered_bits(magnitude), candidate & ~sink, n_large, BLOCK_R)
+            protected = _select_largest(_ordered_bits(magnitude), candidate & ~sink, n_large, BLOCK_R, PROBES)
 
         # 2. importance keys: log(w)/tau + Gumbel noise, or w itself when deterministic.
         imp_ptrs = importance_ptr + batch[:, None] * stride_ib + head[:, None] * stride_ih + slots[None, :] * stride_in
@@ -201,7 +233,7 @@ def _evict_select_kernel(
         key = _selection_key(weight, rows[:, None], slots[None, :], num_slots, noise_ptrs, candidate,
                              inv_temperature, philox_key, eviction_index_ptr, STOCHASTIC, HAS_NOISE)
         k_sampled = budget - window - n_sink - n_large
-        sampled = _select_largest(_ordered_bits(key), candidate & ~sink & ~protected, k_sampled, BLOCK_R)
+        sampled = _select_largest(_ordered_bits(key), candidate & ~sink & ~protected, k_sampled, BLOCK_R, PROBES)
 
         # 3. survivors in temporal order: destination = number of survivors before the slot. The
         # `budget - window` kept candidates come first, then the recent window, all of it.
@@ -215,24 +247,30 @@ def _evict_select_kernel(
 
 
 @triton.jit
-def _tiled_threshold(bits_row, state_row, num_slots, count, BLOCK_N: tl.constexpr):
+def _tiled_threshold(bits_row, state_row, num_slots, count, BLOCK_N: tl.constexpr, PROBES: tl.constexpr):
     """(threshold, number above it) of the `count` largest `bits` among `_ELIGIBLE` slots of one row.
 
-    `bits_row`, `state_row`: pointers to the row's int32 keys and int8 states in scratch.
+    `bits_row`, `state_row`: pointers to the row's int32 keys and int8 states in scratch. Each
+    round of the search (`_narrow`) walks the row once.
     """
     offs = tl.arange(0, BLOCK_N)
     lo = tl.full([1], -2147483648, tl.int64)
     hi = tl.full([1], 2147483647, tl.int64)
     while tl.max(hi - lo, axis=0) > 0:
-        mid = lo + (hi - lo + 1) // 2
-        n_at_least = tl.zeros([1], tl.int32)
+        # 1-D counts: a [1, BLOCK_N] walk here makes Triton 3.6 spill the whole tile.
+        probes = tl.reshape(_probe_points(lo, hi, PROBES), [PROBES]).to(tl.int32)
+        n_at_least = tl.zeros([PROBES], tl.int32)
         for start in range(0, num_slots, BLOCK_N):
             slots = start + offs
             in_row = slots < num_slots
             bits = tl.load(bits_row + slots, mask=in_row, other=0)
             eligible = tl.load(state_row + slots, mask=in_row, other=_OUTSIDE) == _ELIGIBLE
-            n_at_least += tl.sum((eligible & (bits >= mid.to(tl.int32))).to(tl.int32), axis=0)
-        lo, hi = _bisection_step(lo, hi, mid, n_at_least, count)
+            if PROBES == 1:
+                n_at_least += tl.sum((eligible & (bits >= probes)).to(tl.int32), axis=0)
+            else:
+                hits = eligible[None, :] & (bits[None, :] >= probes[:, None])  # [PROBES, BLOCK_N]
+                n_at_least += tl.sum(hits.to(tl.int32), axis=1)
+        lo, hi = _narrow(lo, hi, n_at_least[None, :], count, PROBES)
     threshold = lo.to(tl.int32)
     n_above = tl.zeros([1], tl.int32)
     for start in range(0, num_slots, BLOCK_N):
@@ -286,6 +324,7 @@ def _evict_select_tiled_kernel(
     STOCHASTIC: tl.constexpr,
     HAS_NOISE: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PROBES: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     batch = row // num_heads
@@ -317,7 +356,7 @@ def _evict_select_tiled_kernel(
         threshold = tl.full([1], 2147483647, tl.int32)
         n_above = tl.zeros([1], tl.int32)
         if n_large > 0:
-            threshold, n_above = _tiled_threshold(bits_row, state_row, num_slots, n_large, BLOCK_N)
+            threshold, n_above = _tiled_threshold(bits_row, state_row, num_slots, n_large, BLOCK_N, PROBES)
         ties_before = tl.zeros([1], tl.int32)
         for start in range(0, num_slots, BLOCK_N):
             slots = start + offs
@@ -334,7 +373,7 @@ def _evict_select_tiled_kernel(
 
         # 3. sample (or take the top of) the rest; survivors in temporal order.
         k_sampled = budget - window - n_sink - n_large
-        threshold, n_above = _tiled_threshold(bits_row, state_row, num_slots, k_sampled, BLOCK_N)
+        threshold, n_above = _tiled_threshold(bits_row, state_row, num_slots, k_sampled, BLOCK_N, PROBES)
         ties_before = tl.zeros([1], tl.int32)
         kept_before = tl.zeros([1], tl.int32)
         for start in range(0, num_slots, BLOCK_N):
@@ -453,17 +492,21 @@ def _evict_compact_kernel(
 
 
 class SelectConfig(NamedTuple):
-    """In-register selection launch: `BLOCK_R` whole rows (of `next_power_of_2(N)` slots) per program, warps."""
+    """In-register selection launch: `BLOCK_R` whole rows (of `next_power_of_2(N)` slots) per program,
+    warps, and the thresholds each round of the search counts at (`PROBES`, a power of two; 1 bisects)."""
 
     block_r: int
     num_warps: int
+    probes: int = 1
 
 
 class TiledSelectConfig(NamedTuple):
-    """Tiled selection launch: one row per program walked in `[BLOCK_N]` tiles, and warps."""
+    """Tiled selection launch: one row per program walked in `[BLOCK_N]` tiles, warps, and the
+    thresholds each round (one walk of the row) counts at (`PROBES`, a power of two; 1 bisects)."""
 
     block_n: int
     num_warps: int
+    probes: int = 1
 
 
 class CompactConfig(NamedTuple):
@@ -487,7 +530,7 @@ def candidate_block(shape: EvictShape) -> int:
 
 
 def select_heuristic(shape: EvictShape) -> SelectConfig:
-    """Rows per program and warps of the in-register selection (`_SELECT_ELEMENTS_PER_WARP` per warp)."""
+    """Rows per program and warps of the in-register selection (`_SELECT_ELEMENTS_PER_WARP` per warp); bisection."""
     rows = shape.batch * shape.kv_heads
     block_n = candidate_block(shape)
     if interpreter_enabled():
@@ -497,7 +540,7 @@ def select_heuristic(shape: EvictShape) -> SelectConfig:
 
 
 def tiled_select_heuristic(shape: EvictShape) -> TiledSelectConfig:
-    """`_TILED_BLOCK_N`-slot tiles, 8 warps."""
+    """`_TILED_BLOCK_N`-slot tiles, 8 warps, bisection."""
     return TiledSelectConfig(_TILED_BLOCK_N, 8)
 
 
@@ -572,7 +615,8 @@ def select_survivors_(
             importance, magnitudes, noise_arg, lengths, sources, flags, eviction_index,
             num_rows, num_heads, num_slots, *shared,
             STOCHASTIC=stochastic, HAS_NOISE=noise is not None, BLOCK_R=config.block_r,
-            BLOCK_N=candidate_block(shape), BLOCK_W=triton.next_power_of_2(window), num_warps=config.num_warps,
+            BLOCK_N=candidate_block(shape), BLOCK_W=triton.next_power_of_2(window), PROBES=config.probes,
+            num_warps=config.num_warps,
         )  # fmt: skip
     else:
         bits = torch.empty((num_rows, num_slots), dtype=torch.int32, device=keys.device)
@@ -580,7 +624,7 @@ def select_survivors_(
         _evict_select_tiled_kernel[(num_rows,)](
             importance, magnitudes, noise_arg, lengths, sources, flags, eviction_index, bits, state,
             num_heads, num_slots, *shared,
-            STOCHASTIC=stochastic, HAS_NOISE=noise is not None, BLOCK_N=config.block_n,
+            STOCHASTIC=stochastic, HAS_NOISE=noise is not None, BLOCK_N=config.block_n, PROBES=config.probes,
             num_warps=config.num_warps,
         )  # fmt: skip
 
