@@ -226,19 +226,13 @@ def eviction_launches(
 
 
 def probed_selection_launches(probes: int, num_warps: int) -> list[Launch]:
-    """The decode-time selection (one row per program) with `probes` thresholds a search round:
-    autotuning candidates, not the launcher's default (bisection)."""
-    cache = _meta_cache(DECODE_BATCH, CAPACITY, 128, torch.bfloat16)
-    rows = DECODE_BATCH * KV_HEADS
-    with recorded(eviction, "_evict_select_kernel") as launches:
-        eviction.select_survivors_(
-            cache, _meta(DECODE_BATCH, KV_HEADS, CAPACITY, dtype=torch.float32),
-            _meta(rows, BUDGET, dtype=torch.int32), _meta(rows, dtype=torch.int8),
-            budget=BUDGET, window=WINDOW, n_sink=N_SINK, n_protect=BUDGET // 4, temperature=1.0, seed=2**40 + 7,
-            eviction_index=_meta(1, dtype=torch.int64), trigger_length=BUDGET + 1, noise=None,
-            config=eviction.SelectConfig(1, num_warps, probes),
-        )  # fmt: skip
-    return launches
+    """The selection of a decode-time `vase` eviction (bf16, D = 128) launched with one row per
+    program and `probes` thresholds a search round: autotuning candidates, not the launcher's
+    default (bisection)."""
+    candidate = eviction.SelectConfig(1, num_warps, probes)
+    with mock.patch.object(eviction, "select_heuristic", lambda shape: candidate):
+        launches = eviction_launches(torch.bfloat16, 128, stochastic=True, keep_scores=False)
+    return [launch for launch in launches if launch.kernel.__name__ == "_evict_select_kernel"]
 
 
 def recompute_launches(dtype: torch.dtype, head_dim: int) -> list[Launch]:

@@ -155,6 +155,12 @@ def _threads(params: dict) -> int:
     return 32 * params["num_warps"]
 
 
+def _probing_registers(params: dict, per_thread: float) -> float:
+    """Registers a selection's search with several probes a round adds: its comparisons (reduced as
+    they are made, about one more value per slot held) and a count per probe; none when it bisects."""
+    return per_thread + 2 * params["probes"] if params["probes"] > 1 else 0
+
+
 class PrefillForwardSpace(KernelSpace):
     name = "prefill_forward"
     module = "vase_triton.kernels.prefill_attention"
@@ -345,11 +351,9 @@ class EvictSelectSpace(KernelSpace):
                         yield dict(block_r=block_r, num_warps=num_warps, probes=probes)
 
     def estimate(self, params: dict, shape: EvictShape) -> Resources:
-        # About six [BLOCK_R, BLOCK_N] keys and masks are live at once; a round with several probes
-        # adds one more (its comparisons, reduced as they are made) and a count per probe.
+        # About six [BLOCK_R, BLOCK_N] keys and masks are live at once.
         per_thread = params["block_r"] * candidate_block(shape) / _threads(params)
-        probing = per_thread + 2 * params["probes"] if params["probes"] > 1 else 0
-        return Resources(0, int(20 + 6 * per_thread + probing))
+        return Resources(0, int(20 + 6 * per_thread + _probing_registers(params, per_thread)))
 
 
 class EvictSelectTiledSpace(KernelSpace):
@@ -377,8 +381,7 @@ class EvictSelectTiledSpace(KernelSpace):
 
     def estimate(self, params: dict, shape: EvictShape) -> Resources:
         per_thread = params["block_n"] / _threads(params)
-        probing = per_thread + 2 * params["probes"] if params["probes"] > 1 else 0
-        return Resources(0, int(30 + 7.5 * per_thread + probing))
+        return Resources(0, int(30 + 7.5 * per_thread + _probing_registers(params, per_thread)))
 
 
 class EvictCompactSpace(KernelSpace):

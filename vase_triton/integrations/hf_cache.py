@@ -193,7 +193,6 @@ class VaSECache(Cache):
         devices = list(device) if isinstance(device, (list, tuple)) else [device] * num_layers
         if len(devices) != num_layers:
             raise ValueError(f"device: expected one device or {num_layers} (one per layer); got {len(devices)}")
-        capacity = max_length if not config.evicts else None
         self.vase_config = config
         # What the buffers were built for: equal layouts can share one cache (see `fits`).
         self.layout = _Layout.of(
@@ -216,7 +215,7 @@ class VaSECache(Cache):
             self.stores.append(
                 VaSECacheLayer(
                     config, batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
-                    device=layer_device, capacity=capacity, layer_idx=index, num_query_heads=num_query_heads,
+                    device=layer_device, capacity=slots, layer_idx=index, num_query_heads=num_query_heads,
                     workspace=self._workspaces.get(layer_device), scratch=self._scratch,
                 )
             )
