@@ -68,10 +68,14 @@ CASES = [
 HEAD_DIM, SCALE, EVICTIONS = 32, 0.3, 4
 
 
-def observation_truth(case, tensors, history) -> torch.Tensor:
-    """Float64 attention of the policy's observation queries over `tensors`' slots, `[B, Hkv, N]`."""
+def observation_truth(case, tensors, history, observed_queries=None) -> torch.Tensor:
+    """Float64 attention of the policy's observation queries over `tensors`' slots, `[B, Hkv, N]`.
+
+    `observed_queries`: how many of the last queries a window policy observes (`window` if None).
+    """
     batch, kv_heads, num_slots, _ = tensors.keys.shape
     group, window = case.group, case.window
+    observed_queries = window if observed_queries is None else observed_queries
     truth = torch.zeros(batch, kv_heads, num_slots, dtype=torch.float64)
     for b in range(batch):
         n = int(tensors.lengths[b])
@@ -83,7 +87,7 @@ def observation_truth(case, tensors, history) -> torch.Tensor:
             elif case.policy == "h2o":
                 observed = range(n)
             else:
-                observed = range(max(0, n - window), n)
+                observed = range(max(0, n - observed_queries), n)
             for slot in observed:
                 queries = history[b][h * group : (h + 1) * group, int(positions[slot])].double()  # [group, D]
                 seen = n - window if case.score_mode == "recompute" else slot + 1
@@ -93,7 +97,7 @@ def observation_truth(case, tensors, history) -> torch.Tensor:
                 truth[b, h, :seen] += probs.sum(dim=0)
     if case.policy == "h2o":
         return truth
-    return truth / ((1 if case.policy == "tova" else window) * group)
+    return truth / ((1 if case.policy == "tova" else observed_queries) * group)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -107,10 +111,10 @@ def test_each_eviction_observes_exactly_its_queries(case: Case, device, monkeypa
     events = []
     policy_importance = layer.importance
 
-    def recording_importance(tensors=None):
+    def recording_importance(tensors=None, **kwargs):
         tensors = layer.tensors if tensors is None else tensors
-        events.append(([t.clone() for t in tensors], layer.observed_attention(tensors).clone()))
-        return policy_importance(tensors)
+        events.append(([t.clone() for t in tensors], layer.observed_attention(tensors, **kwargs).clone()))
+        return policy_importance(tensors, **kwargs)
 
     layer.importance = recording_importance
 
@@ -133,9 +137,97 @@ def test_each_eviction_observes_exactly_its_queries(case: Case, device, monkeypa
     assert len(events) == layer.n_evictions >= EVICTIONS
     checked = events[:1] if case.policy == "h2o" else events
     for tensors, attention in checked:
-        truth = observation_truth(case, CacheTensors(*tensors), history)
-        got = attention.double().cpu()
-        if case.score_mode == "recompute":  # defined on the candidates only
-            candidates = torch.arange(got.shape[-1]).view(1, 1, -1) < (tensors[5].cpu().long() - case.window).view(-1, 1, 1)
-            got = got * candidates
-        torch.testing.assert_close(got, truth, rtol=2e-5, atol=2e-6)
+        check_observation(case, tensors, attention, history)
+
+
+def check_observation(case, tensors, attention, history, observed_queries=None) -> None:
+    """The recorded eviction input `attention` against `observation_truth` (candidates only for `recompute`)."""
+    truth = observation_truth(case, CacheTensors(*tensors), history, observed_queries)
+    got = attention.double().cpu()
+    if case.score_mode == "recompute":  # defined on the candidates only
+        candidates = torch.arange(got.shape[-1]).view(1, 1, -1) < (tensors[5].cpu().long() - case.window).view(-1, 1, 1)
+        got = got * candidates
+    torch.testing.assert_close(got, truth, rtol=2e-5, atol=2e-6)
+
+
+TURN_CASES = [
+    Case("vase", "emitted", 2, 2, (26, 19), 16, 8, "torch"),
+    Case("rkv", "emitted", 1, 2, (26, 19), 16, 8, "torch"),
+    Case("vase", "recompute", 2, 2, (26, 19), 16, 8, "torch"),
+    Case("snapkv", "emitted", 2, 1, (26, 19), 16, 8, "triton"),
+]
+
+
+@pytest.mark.parametrize("case", TURN_CASES, ids=[c.id for c in TURN_CASES])
+def test_chunked_prompt_and_short_new_turn_observe_their_window(case: Case, device, monkeypatch) -> None:
+    """Chunks of 8 with C = 24: a 26-token prompt would end on a 2-token chunk that compresses.
+
+    Its chunks are cut so that the compressing one holds the last `window` = 8 queries, which
+    both modes then observe exactly. After 5 decode steps a 5-token new turn overflows the
+    layer: `recompute` observes the last 8 queries (3 decode, 5 of the turn) from its ring,
+    `emitted` the turn's 5 only (its buffer cannot drop the decode queries it holds), never
+    more. Decode evictions after it observe the whole window again.
+    """
+    if case.backend == "torch":
+        monkeypatch.setenv("VASE_BACKEND", "torch")
+    window = case.window
+    config = VaSEConfig(policy=case.policy, budget=case.budget, window=window, n_sink=2,
+                        score_mode=case.score_mode, prefill_chunk_size=8)
+    batch, q_heads, kv_heads = len(case.prompt_lengths), case.group * case.kv_heads, case.kv_heads
+    layer = VaSECacheLayer(config, batch_size=batch, num_kv_heads=kv_heads, head_dim=HEAD_DIM,
+                           dtype=torch.float32, device=device)
+    events = []
+    policy_importance = layer.importance
+
+    def recording_importance(tensors=None, **kwargs):
+        tensors = layer.tensors if tensors is None else tensors
+        events.append(([t.clone() for t in tensors], layer.observed_attention(tensors, **kwargs).clone()))
+        return policy_importance(tensors, **kwargs)
+
+    layer.importance = recording_importance
+
+    prompt, decode_before, turn, decode_after = max(case.prompt_lengths), 5, 5, 2 * window + 1
+    assert layer.chunk_bounds(prompt) == [(0, 8), (8, 16), (16, 18), (18, 26)]
+    total = prompt + decode_before + turn + decode_after
+    gen = torch.Generator().manual_seed(zlib.crc32(case.id.encode()))
+    query = torch.randn(batch, q_heads, total, HEAD_DIM, generator=gen)
+    key = torch.randn(batch, kv_heads, total, HEAD_DIM, generator=gen)
+    value = torch.randn(batch, kv_heads, total, HEAD_DIM, generator=gen)
+    history = [query[b, :, prompt - n :] for b, n in enumerate(case.prompt_lengths)]
+    query, key, value = (t.to(device) for t in (query, key, value))
+    lengths = torch.tensor(case.prompt_lengths, dtype=torch.int32, device=device)
+    layer.prefill(query[:, :, :prompt], key[:, :, :prompt], value[:, :, :prompt], scale=SCALE, valid_lengths=lengths)
+    step = prompt
+    for step in range(prompt, prompt + decode_before):
+        layer.decode(*(t[:, :, step : step + 1] for t in (query, key, value)), scale=SCALE)
+    start = prompt + decode_before
+    assert layer.length_bound + turn > layer.capacity and turn < window
+    layer.extend(*(t[:, :, start : start + turn] for t in (query, key, value)), scale=SCALE)
+    for step in range(start + turn, total):
+        layer.decode(*(t[:, :, step : step + 1] for t in (query, key, value)), scale=SCALE)
+
+    assert len(events) == layer.n_evictions == 4
+    turn_observes = turn if case.score_mode == "emitted" else window
+    for index, (tensors, attention) in enumerate(events):
+        check_observation(case, tensors, attention, history, turn_observes if index == 1 else window)
+
+
+@pytest.mark.parametrize("chunk", [8, 11, 16])
+def test_chunk_bounds_never_end_a_longer_input_on_a_short_compression(chunk: int) -> None:
+    """Every start length and input length up to 3C: contiguous chunks of at most `chunk`
+    tokens, and a chunk shorter than `window` compresses only when it is the whole input."""
+    from vase_triton.cache import chunk_bounds
+
+    budget, window = 16, 8
+    capacity = budget + window
+    for length_bound in range(capacity + 1):
+        for new_tokens in range(1, 3 * capacity):
+            bounds = chunk_bounds(length_bound, new_tokens, capacity=capacity, window=window, chunk=chunk)
+            assert [start for start, _ in bounds] == [0] + [stop for _, stop in bounds[:-1]]
+            assert bounds[-1][1] == new_tokens
+            assert all(0 < stop - start <= chunk for start, stop in bounds)
+            length = length_bound
+            for start, stop in bounds:
+                compress = length + stop - start > capacity
+                assert not (compress and stop - start < window and len(bounds) > 1), (length_bound, new_tokens, bounds)
+                length = budget if compress else length + stop - start

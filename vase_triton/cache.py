@@ -16,12 +16,15 @@ A consequence: with an evicting policy a row's output can depend on its batch ma
 The observation of each policy (`vase_triton.policies.Policy.observation`) is kept exact:
 window policies see exactly the last `window` queries before every eviction (the first
 one included, whose window may reach into the prompt), `tova` the last query, `h2o`
-every query since the token entered the cache.
+every query since the token entered the cache. The one exception: with `emitted` scores,
+a chunk shorter than `window` that overflows a layer holding decode queries observes its
+own queries only (the score buffer cannot drop older queries; `chunk_bounds` keeps the
+chunks of one input from ending that way).
 
 Multi-token inputs (a prompt, a new chat turn on a filled cache) go through `extend` in
 chunks of at most `config.prefill_chunk_size` tokens: each chunk attends to the cached
 tokens plus itself causally, is appended, and when the layer would overflow it is
-compressed back to `budget` with the chunk's last `window` queries as the observation.
+compressed back to `budget` with the last `window` queries as the observation.
 A chunk that overflows the layer is staged in a `PrefillScratch` of `C + chunk` slots,
 so a prompt of any length never needs more than that.
 """
@@ -93,6 +96,28 @@ def mark_static(tensors) -> None:
     """
     for tensor in tensors:
         torch._dynamo.mark_static_address(tensor)
+
+
+def chunk_bounds(length_bound: int, new_tokens: int, *, capacity: int, window: int, chunk: int) -> list[tuple[int, int]]:
+    """`[start, stop)` of each chunk of `new_tokens` entering a layer that holds up to `length_bound` tokens.
+
+    Chunks of `chunk` tokens, except one case: when the last chunk is shorter than `window`
+    and overflows the layer right after a full chunk that did not, the two are cut so that
+    the last holds exactly `window` tokens. A compression then observes a whole window of
+    the prompt's own queries, which `emitted` scores cannot otherwise do (they cannot drop
+    queries they have added). Every chunk still holds at most `chunk` tokens.
+    """
+    bounds = [(start, min(new_tokens, start + chunk)) for start in range(0, new_tokens, chunk)]
+    tail = new_tokens - bounds[-1][0]
+    if len(bounds) < 2 or tail >= window:
+        return bounds
+    length = length_bound
+    for start, stop in bounds[:-2]:
+        length = capacity - window if length + stop - start > capacity else length + stop - start
+    if length + chunk <= capacity < length + chunk + tail:
+        cut = new_tokens - window
+        bounds[-2:] = [(bounds[-2][0], cut), (cut, new_tokens)]
+    return bounds
 
 
 def _chunk_lengths(valid_lengths: Optional[torch.Tensor], total: int, start: int, stop: int) -> Optional[torch.Tensor]:
@@ -295,14 +320,14 @@ class VaSECacheLayer:
         The score buffer must hold, at every eviction, the attention of the policy's
         observation queries: emitted window scores restart `window` queries before the
         eviction that reads them (at length `budget`, or at a compression: the chunk's last
-        `window` queries; a chunk shorter than that adds to what the buffer holds), `tova`
-        keeps the last query, `h2o` every query.
+        `window` queries, or all of a shorter chunk's, since the buffer cannot drop the
+        older queries it holds), `tova` keeps the last query, `h2o` every query.
         """
         observation = self.policy.observation
         if observation == OBSERVE_WINDOW and self._emits_scores:
             window, budget = self.config.window, self.config.budget
             if compress:
-                return min(new_tokens, window), new_tokens >= window
+                return min(new_tokens, window), True
             return min(new_tokens, max(0, start + new_tokens - budget)), start <= budget
         if observation == OBSERVE_LAST_QUERY:
             return 1, True
@@ -348,10 +373,11 @@ class VaSECacheLayer:
     ) -> torch.Tensor:
         """Attend `T` new tokens to the cached ones plus themselves causally and store them (eager).
 
-        Processed in chunks of `config.prefill_chunk_size` tokens; a chunk that would overflow
-        the layer is compressed with it by the policy's rule (every row longer than `budget`
-        shrinks to `budget`, one eviction), with the chunk's last `window` queries as the
-        observation (SnapKV-style for a long prompt).
+        Processed in chunks of at most `config.prefill_chunk_size` tokens (`chunk_bounds`); a
+        chunk that would overflow the layer is compressed with it by the policy's rule (every
+        row longer than `budget` shrinks to `budget`, one eviction), with the last `window`
+        queries as the observation (SnapKV-style for a long prompt). With `emitted` scores a
+        compressing chunk shorter than `window` observes its own queries only.
 
         Args:
             query: `[B, Hq, T, D]`; key, value: `[B, Hkv, T, D]` (after RoPE).
@@ -375,16 +401,21 @@ class VaSECacheLayer:
                 f"{new_tokens} more do not fit next to the {self.length_bound} it may hold"
             )
         self.scale = float(scale)
-        chunk = self.config.prefill_chunk_size
         outputs = []
-        for start in range(0, new_tokens, chunk):
-            stop = min(new_tokens, start + chunk)
+        for start, stop in self.chunk_bounds(new_tokens):
             part = slice(start, stop)
             outputs.append(self._extend_chunk(
                 query[:, :, part], key[:, :, part], value[:, :, part],
                 _chunk_lengths(valid_lengths, new_tokens, start, stop), scale,
             ))  # fmt: skip
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+
+    def chunk_bounds(self, new_tokens: int) -> list[tuple[int, int]]:
+        """`[start, stop)` of the chunks in which `extend` takes `new_tokens` tokens now (`chunk_bounds`)."""
+        config = self.config
+        return chunk_bounds(
+            self.length_bound, new_tokens, capacity=self.capacity, window=config.window, chunk=config.prefill_chunk_size
+        )
 
     def _extend_chunk(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, valid_lengths: Optional[torch.Tensor],
@@ -440,7 +471,10 @@ class VaSECacheLayer:
         self.queries_seen += new_tokens
 
         if compress:
-            self._evict_on_device(target, importance=None, trigger_length=self.config.budget + 1)
+            self._evict_on_device(
+                target, importance=None, trigger_length=self.config.budget + 1,
+                window_queries=min(new_tokens, self.config.window),
+            )  # fmt: skip
             self.n_evictions += 1
             self.tensors.fill_(target)
             self.length_bound = self.config.budget
@@ -519,13 +553,19 @@ class VaSECacheLayer:
 
     # ----------------------------------------------------------------------------- eviction
 
-    def observed_attention(self, tensors: Optional[CacheTensors] = None) -> Optional[torch.Tensor]:
+    def observed_attention(
+        self, tensors: Optional[CacheTensors] = None, *, window_queries: Optional[int] = None
+    ) -> Optional[torch.Tensor]:
         """`[B, Hkv, N]` float32 attention of the policy's observation queries (see `EvictionInputs`).
 
         Window policies: the mean over the last `window` queries and the group's query heads
         (emitted: each query's softmax over all valid slots; recompute: over the candidates
         only). `tova`: the last query's, averaged over the group. `h2o`: summed over queries.
         None for policies that observe nothing.
+
+        Args:
+            window_queries: the queries the emitted score buffer holds, when a compressing
+                chunk shorter than `window` left fewer than `window`; None means `window`.
         """
         tensors = self.tensors if tensors is None else tensors
         observation = self.policy.observation
@@ -541,25 +581,32 @@ class VaSECacheLayer:
                 self.query_ring, tensors.keys, candidate_lens, self.query_valid, self.scale
             )
         if observation == OBSERVE_WINDOW:
-            return tensors.scores / (window * group)
+            return tensors.scores / ((window if window_queries is None else window_queries) * group)
         if observation == OBSERVE_LAST_QUERY:
             return tensors.scores / group
         return tensors.scores.clone()
 
-    def importance(self, tensors: Optional[CacheTensors] = None) -> torch.Tensor:
-        """`[B, Hkv, N]` float32 policy importance of the current state (the next eviction's input)."""
+    def importance(self, tensors: Optional[CacheTensors] = None, *, window_queries: Optional[int] = None) -> torch.Tensor:
+        """`[B, Hkv, N]` float32 policy importance of the current state (the next eviction's input).
+
+        `window_queries`: as in `observed_attention`.
+        """
         tensors = self.tensors if tensors is None else tensors
         inputs = EvictionInputs(
-            cache=tensors, attention=self.observed_attention(tensors), window=self.config.window,
+            cache=tensors, attention=self.observed_attention(tensors, window_queries=window_queries),
+            window=self.config.window,
             layer=self.layer_idx, eviction_index=self.n_evictions, seed=self.config.seed,
             eviction_counter=self.eviction_counter,
         )
         return policy_importance(self.config, inputs)
 
-    def _evict_on_device(self, tensors: CacheTensors, importance: Optional[torch.Tensor], trigger_length: int) -> None:
+    def _evict_on_device(
+        self, tensors: CacheTensors, importance: Optional[torch.Tensor], trigger_length: int,
+        window_queries: Optional[int] = None,
+    ) -> None:
         config = self.config
         if importance is None:
-            importance = self.importance(tensors)
+            importance = self.importance(tensors, window_queries=window_queries)
         evict_(
             tensors, importance,
             budget=config.budget, window=config.window, n_sink=config.n_sink,

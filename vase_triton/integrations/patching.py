@@ -202,8 +202,7 @@ def _patched_forward(self, *args, **kwargs):
         return _run_step(self, state, cache, kwargs, new_tokens)
     outputs = []
     keep = kwargs.get("logits_to_keep", 0) or 0
-    for start in range(0, new_tokens, chunk):
-        stop = min(new_tokens, start + chunk)
+    for start, stop in cache.stores[0].chunk_bounds(new_tokens):
         part = _chunk_kwargs(kwargs, new_tokens, start, stop)
         needed = stop - start if keep == 0 else max(0, keep - (new_tokens - stop))
         if "logits_to_keep" in inspect.signature(type(self).forward).parameters:
