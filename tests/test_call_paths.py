@@ -243,6 +243,54 @@ def test_chunked_prefill_of_a_long_prompt_equals_one_piece(model, tokenizer):
     torch.testing.assert_close(outputs[0][1], outputs[1][1], rtol=1e-4, atol=1e-4)
 
 
+@torch.no_grad()
+def test_a_long_new_turn_reads_either_mask_form(model, tokenizer):
+    """A turn of several chunks on a filled cache, masked `[B, T]` or `[B, seen + T]`: the unpatched logits."""
+    config = VaSEConfig(policy="full", budget=512, window=16, prefill_chunk_size=16)
+    first = tokenizer(PROMPTS[0])["input_ids"]
+    turn = torch.tensor([tokenizer.encode(" " + " ".join(["and then what happened"] * 3))[1:]])
+    assert turn.shape[1] > 2 * config.prefill_chunk_size
+    both = torch.cat([first, turn], dim=1)
+    want = model(input_ids=both, attention_mask=torch.ones_like(both)).logits[:, first.shape[1] :]
+    vase_triton.patch_qwen3(model, config)
+    for mask in (torch.ones_like(turn), torch.ones_like(both)):
+        cache = VaSECache.for_model(model, config, batch_size=1, max_length=both.shape[1])
+        model(input_ids=first, attention_mask=torch.ones_like(first), cache=cache)
+        got = model(input_ids=turn, attention_mask=mask, cache=cache).logits
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert cache.seen_tokens == both.shape[1]
+
+
+@torch.no_grad()
+def test_an_input_too_long_for_a_full_cache_is_refused_before_any_chunk_is_stored(model):
+    config = VaSEConfig(policy="full", budget=64, window=8, prefill_chunk_size=16)
+    vase_triton.patch_qwen3(model, config)
+    cache = VaSECache.for_model(model, config, batch_size=1, max_length=40)
+    ids = torch.arange(3, 53).view(1, 50)
+    with pytest.raises(ValueError, match="never evicts; 50 more do not fit"):
+        model(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache)
+    assert cache.seen_tokens == 0 and not cache.in_step
+    assert all(int(store.lengths.max()) == 0 for store in cache.stores)
+
+
+@torch.no_grad()
+def test_padding_inside_a_new_turn_is_refused_in_either_mask_form(model, tokenizer):
+    config = VaSEConfig(budget=64, window=8)
+    vase_triton.patch_qwen3(model, config)
+    cache = VaSECache.for_model(model, config, batch_size=2)
+    inputs = tokenizer(PROMPTS[:2])
+    model(**inputs, cache=cache)
+    lengths = [store.lengths.clone() for store in cache.stores]
+    turn = torch.tensor([tokenizer.encode(TURNS[0])[1:]] * 2)
+    padded = torch.ones_like(turn)
+    padded[1, :3] = 0
+    for mask in (padded, torch.cat([inputs["attention_mask"], padded], dim=1)):
+        with pytest.raises(ValueError, match="attention_mask"):
+            model(input_ids=turn, attention_mask=mask, cache=cache)
+        assert cache.seen_tokens == inputs["input_ids"].shape[1] and not cache.in_step
+        assert all(torch.equal(store.lengths, before) for store, before in zip(cache.stores, lengths))
+
+
 @pytest.mark.parametrize("policy", ["vase", "snapkv", "h2o", "tova", "vase-dkv", "streaming", "random", "rkv"])
 def test_long_prompts_and_turns_stay_within_static_memory(model, tokenizer, policy):
     """A prompt 10x the capacity and two more turns: buffers never grow or move, prefill stages C + chunk."""

@@ -395,11 +395,7 @@ class VaSECacheLayer:
                 raise ValueError(
                     f"valid_lengths: expected a tensor on {self.device} like the cache; got {valid_lengths.device}"
                 )
-        if not self.config.evicts and self.length_bound + new_tokens > self.capacity:
-            raise ValueError(
-                f"key: the {self.config.policy!r} cache holds {self.capacity} tokens per row and never evicts; "
-                f"{new_tokens} more do not fit next to the {self.length_bound} it may hold"
-            )
+        self.check_room(new_tokens)
         self.scale = float(scale)
         outputs = []
         for start, stop in self.chunk_bounds(new_tokens):
@@ -409,6 +405,14 @@ class VaSECacheLayer:
                 _chunk_lengths(valid_lengths, new_tokens, start, stop), scale,
             ))  # fmt: skip
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+
+    def check_room(self, new_tokens: int) -> None:
+        """Raise unless `new_tokens` more tokens fit (only a policy that never evicts runs out of room)."""
+        if not self.config.evicts and self.length_bound + new_tokens > self.capacity:
+            raise ValueError(
+                f"key: the {self.config.policy!r} cache holds {self.capacity} tokens per row and never evicts; "
+                f"{new_tokens} more do not fit next to the {self.length_bound} it may hold"
+            )
 
     def chunk_bounds(self, new_tokens: int) -> list[tuple[int, int]]:
         """`[start, stop)` of the chunks in which `extend` takes `new_tokens` tokens now (`chunk_bounds`)."""

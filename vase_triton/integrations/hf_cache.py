@@ -343,6 +343,12 @@ class VaSECache(Cache):
                 f"[{batch}, {self.seen_tokens + num_tokens}]; got {list(attention_mask.shape)}"
             )
         mask = attention_mask.to(torch.bool)
+        if host_checks_allowed(mask) and self.seen_tokens > 0 and width == num_tokens and not bool(mask.all()):
+            raise ValueError(
+                "attention_mask: a [B, T] mask of a new turn on a filled cache must be all ones (padding may only "
+                "precede a row's first token; pass the [B, seen + T] mask to pad rows that are still empty); "
+                f"got {int((~mask).sum())} zeros"
+            )
         if host_checks_allowed(mask) and width > 1 and bool((mask[:, 1:] < mask[:, :-1]).any()):
             raise ValueError(
                 "attention_mask: expected left padding (zeros only before each row's first real token, which also "

@@ -197,13 +197,17 @@ def _patched_forward(self, *args, **kwargs):
     if args:
         raise TypeError("forward: with a VaSECache, pass every argument but input_ids by keyword")
     new_tokens = _new_tokens((), kwargs)
+    if new_tokens > 1 or cache.seen_tokens == 0:  # not a decode step (`begin_step` checks those)
+        for store in cache.stores:  # an input too long is refused whole, before any chunk is stored
+            store.check_room(new_tokens)
     chunk = state.config.prefill_chunk_size
     if new_tokens <= chunk or isinstance(kwargs.get("logits_to_keep"), torch.Tensor):
         return _run_step(self, state, cache, kwargs, new_tokens)
     outputs = []
     keep = kwargs.get("logits_to_keep", 0) or 0
+    seen = cache.seen_tokens
     for start, stop in cache.stores[0].chunk_bounds(new_tokens):
-        part = _chunk_kwargs(kwargs, new_tokens, start, stop)
+        part = _chunk_kwargs(kwargs, new_tokens, seen, start, stop)
         needed = stop - start if keep == 0 else max(0, keep - (new_tokens - stop))
         if "logits_to_keep" in inspect.signature(type(self).forward).parameters:
             part["logits_to_keep"] = 0 if needed == stop - start else max(needed, 1)
@@ -231,8 +235,8 @@ def _run_step(model, state: _PatchState, cache: VaSECache, kwargs: dict, new_tok
     return output
 
 
-def _chunk_kwargs(kwargs: dict, total: int, start: int, stop: int) -> dict:
-    """The forward arguments of tokens `[start, stop)` of a `total`-token input."""
+def _chunk_kwargs(kwargs: dict, total: int, seen: int, start: int, stop: int) -> dict:
+    """The forward arguments of tokens `[start, stop)` of a `total`-token input to a cache that has seen `seen`."""
     part = dict(kwargs)
     for name in ("input_ids", "inputs_embeds", "position_ids", "token_type_ids"):
         if isinstance(kwargs.get(name), torch.Tensor):
@@ -241,7 +245,10 @@ def _chunk_kwargs(kwargs: dict, total: int, start: int, stop: int) -> dict:
         part["cache_position"] = kwargs["cache_position"][start:stop]
     mask = kwargs.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 2:
-        part["attention_mask"] = mask[:, : mask.shape[1] - (total - stop)]
+        if seen > 0 and mask.shape[1] == total:  # [B, T]: the chunk's own columns
+            part["attention_mask"] = mask[:, start:stop]
+        else:  # [B, seen + T]: every column up to the chunk's last
+            part["attention_mask"] = mask[:, : mask.shape[1] - (total - stop)]
     return part
 
 
