@@ -80,6 +80,15 @@ def test_matches_the_float64_twin_and_the_reference_bit_for_bit(case: Case, devi
     assert torch.equal(got.cpu(), expected)
 
 
+def test_strided_lengths_read_as_their_values(device) -> None:
+    case = Case(2, 111, 16, (111, 40), 5)
+    attention, lengths = make_inputs(case, device, seed=2)
+    strided = torch.stack([lengths, torch.full_like(lengths, 111)], dim=1)[:, 0]
+    assert not strided.is_contiguous()
+    got = pooled_candidates(attention, strided, window=case.window, width=case.width)
+    assert torch.equal(got, pooled_candidates(attention, lengths, window=case.window, width=case.width))
+
+
 def test_the_window_attention_never_reaches_the_candidates(device) -> None:
     case = Case(2, 111, 16, (111, 40), 5)
     attention, lengths = make_inputs(case, device, seed=1)

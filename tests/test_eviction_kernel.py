@@ -332,6 +332,18 @@ def test_rejects_bad_tensors(name: str, corrupt) -> None:
         run(case, state)
 
 
+def test_strided_lengths_are_refused_before_anything_is_written() -> None:
+    """The kernels index the `[B]` counters without strides: a strided view must not reach them."""
+    case = Case(2, 2, 63, 64, torch.float32, 37, 8, 4, 6, 1.0, (63, 20))
+    state = make_state(case, torch.device("cpu"), seed=1)
+    state["lengths"] = torch.stack([state["lengths"], torch.full_like(state["lengths"], 99)], dim=1)[:, 0]
+    before = {name: tensor.clone() for name, tensor in state.items()}
+    with pytest.raises(ValueError, match=r"cache.lengths: expected a contiguous tensor"):
+        evict_(cache_of(state), state["importance"], budget=case.budget, window=case.window, n_sink=case.n_sink,
+               n_protect=case.n_protect, temperature=case.temperature, seed=7)
+    assert all(torch.equal(bits(state[name]), bits(before[name])) for name in before)
+
+
 def test_lengths_past_capacity_act_as_capacity(device: torch.device) -> None:
     """Lengths are not read back for validation; out-of-range values must not corrupt memory."""
     case = Case(2, 2, 63, 64, torch.float16, 37, 8, 4, 6, 1.0, (63, 63))

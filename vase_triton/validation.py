@@ -116,5 +116,11 @@ def check_cache_tensors(cache: object, dtypes: Sequence[torch.dtype] = FLOAT_DTY
     check_exact("cache.positions", cache.positions, rows, torch.int32, "[B, Hkv, N]")
     check_exact("cache.lengths", cache.lengths, (batch,), torch.int32, "[B]")
     check_exact("cache.next_positions", cache.next_positions, (batch,), torch.int32, "[B]")
+    for name in ("lengths", "next_positions"):  # kernels index these [B] counters without strides
+        if not getattr(cache, name).is_contiguous():
+            raise ValueError(
+                f"cache.{name}: expected a contiguous tensor (it is updated in place); "
+                f"got a view with stride {getattr(cache, name).stride()}"
+            )
     check_same_device([f"cache.{name}" for name in CacheTensors._fields], cache)
     return batch, kv_heads, num_slots, head_dim

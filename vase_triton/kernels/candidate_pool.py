@@ -50,6 +50,7 @@ def pooled_candidates_triton(attention: torch.Tensor, lengths: torch.Tensor, win
     pooled = torch.empty((batch, num_heads, num_slots), dtype=torch.float32, device=attention.device)
     if pooled.numel() == 0:
         return pooled
+    lengths = lengths.contiguous()  # `candidate_row` indexes it without a stride
     block_n = _INTERPRETER_BLOCK_N if interpreter_enabled() else _BLOCK_N
     block_n = min(block_n, triton.next_power_of_2(num_slots))
     grid = (triton.cdiv(num_slots, block_n), batch * num_heads)

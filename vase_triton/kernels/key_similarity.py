@@ -116,6 +116,7 @@ def mean_key_similarity_triton(
     rows = batch * num_heads
     if similarity.numel() == 0:
         return similarity
+    lengths = lengths.contiguous()  # `candidate_row` indexes it without a stride
     if config is None:
         shape = SimilarityShape(batch, num_heads, num_slots, head_dim, dtype_name(keys.dtype))
         tuned = tuned_params("key_similarity", shape, keys.device)

@@ -110,6 +110,7 @@ def projected_energy_triton(
     energy = torch.empty((batch, num_heads, num_slots), dtype=torch.float32, device=keys.device)
     if energy.numel() == 0:
         return energy
+    lengths = lengths.contiguous()  # `candidate_row` indexes it without a stride
     if config is None:
         shape = EnergyShape(batch, num_heads, num_slots, head_dim, rank, dtype_name(keys.dtype))
         tuned = tuned_params("projected_energy", shape, keys.device)
