@@ -2,7 +2,7 @@
 
 Loads a saved model with transformers' tensor-parallel plan, generates greedily unpatched
 and patched (policy `full`, then `vase`), and prints one JSON line per rank: the tokens,
-and the KV heads the rank's cache holds.
+and the KV heads the rank's cache holds (how many, and the model's index of the first).
 """
 
 import json
@@ -48,6 +48,7 @@ def main() -> None:
         "full": patched_full[0].tolist(),
         "vase": patched_vase[0].tolist(),
         "kv_heads": cache.stores[0].num_kv_heads,
+        "kv_head_offset": cache.stores[0].kv_head_offset,
         "evictions": cache.n_evictions,
     }) + "\n")
     sys.stdout.flush()

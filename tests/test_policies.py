@@ -139,6 +139,9 @@ def test_dkv_projected_energy_with_one_projection_per_layer_row_and_head() -> No
     assert not torch.equal(importance(cfg, seed=2, layer=1, eviction_index=4), got)
     assert not torch.equal(importance(cfg, seed=2, layer=2, eviction_index=3), got)
     assert not torch.equal(importance(cfg.replace(seed=6), seed=2, layer=1, eviction_index=3), got)
+    # A tensor-parallel rank holding the model's heads from 4 on draws its own projections.
+    rank = dkv_projection(cfg, (B, HKV), D, layer=1, eviction_index=3, device="cpu", kv_head_offset=4).double()
+    assert not torch.equal(rank[0, 0], g[0, 0])
     # Entries have variance 1 / rank.
     big = dkv_projection(cfg.replace(dkv_rank=20), (4, 4), 256, layer=0, eviction_index=0, device="cpu")
     assert abs(float(big.var()) - 1 / 20) < 0.01

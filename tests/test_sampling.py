@@ -127,9 +127,13 @@ def test_same_seed_same_draw_other_seed_other_draw(device) -> None:
     assert (first != first[:1]).any(dim=1).float().mean() > 0.5
 
 
+@pytest.mark.parametrize("holders", [((0, 0), (1, 0)), ((0, 0), (0, 8))], ids=["layers", "tensor-parallel-ranks"])
 @pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_layers_draw_independently(backend, device, monkeypatch) -> None:
+def test_layers_draw_independently(backend, holders, device, monkeypatch) -> None:
     """Two layers holding the same tokens keep overlapping sets as independent uniform draws would.
+
+    The layers differ by index, or only by the model's first KV head they hold (two ranks of
+    a tensor-parallel model: both number their local heads from 0).
 
     Policy `random` keeps `m` of the `n` non-sink candidates uniformly. For independent draws
     the overlap of two layers' keep sets in a row is hypergeometric: mean `m²/n`, variance
@@ -145,9 +149,9 @@ def test_layers_draw_independently(backend, device, monkeypatch) -> None:
     query = torch.randn(batch, kv_heads, tokens, head_dim, generator=gen).to(device)
     key = torch.randn(batch, kv_heads, tokens, head_dim, generator=gen).to(device)
     kept = []
-    for layer_idx in (0, 1):
+    for layer_idx, kv_head_offset in holders:
         layer = VaSECacheLayer(config, batch_size=batch, num_kv_heads=kv_heads, head_dim=head_dim,
-                               dtype=torch.float32, device=device, layer_idx=layer_idx)
+                               dtype=torch.float32, device=device, layer_idx=layer_idx, kv_head_offset=kv_head_offset)
         layer.prefill(query, key, key, scale=0.2)
         layer.evict()
         kept.append(layer.positions[:, :, config.n_sink : config.budget - config.window].reshape(batch * kv_heads, -1))

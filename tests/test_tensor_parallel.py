@@ -35,6 +35,7 @@ def test_two_ranks_each_cache_their_own_heads(tmp_path):
     assert sorted(rank["rank"] for rank in ranks) == [0, 1]
     for rank in ranks:
         assert rank["kv_heads"] == 1  # the tiny model has 2 KV heads: one per rank
+        assert rank["kv_head_offset"] == rank["rank"]  # which keys the rank's eviction draws
         assert rank["full"] == rank["unpatched"]
         assert rank["evictions"] >= 5
     assert ranks[0]["vase"] == ranks[1]["vase"]

@@ -145,6 +145,9 @@ class VaSECacheLayer:
         decode workspace: the split-K scratch of decode attention (shared by the layers of a
             `VaSECache`; owned by a layer built alone).
 
+    `kv_head_offset`: the model's index of the first KV head this layer holds (a rank's
+    first head under tensor parallelism); it keys the eviction draws (`vase_triton.seeding`).
+
     Host-side state: `length_bound` (upper bound of `max(lengths)`) and `n_evictions` (the
     host's copy of `eviction_counter`). Callers that run `decode_step` themselves (e.g.
     compiled) call `prepare_decode_step()` eagerly before each step; `decode` does both.
@@ -174,6 +177,7 @@ class VaSECacheLayer:
         num_query_heads: Optional[int] = None,
         workspace: Optional[tuple[torch.Tensor, ...]] = None,
         scratch: Optional[PrefillScratch] = None,
+        kv_head_offset: int = 0,
     ) -> None:
         if not isinstance(config, VaSEConfig):
             raise TypeError(f"config: expected a VaSEConfig; got {type(config).__name__}")
@@ -184,6 +188,7 @@ class VaSECacheLayer:
             names = ", ".join(str(d).replace("torch.", "") for d in FLOAT_DTYPES)
             raise TypeError(f"dtype: expected one of ({names}); got {dtype}")
         check_non_negative_int("layer_idx", layer_idx)
+        check_non_negative_int("kv_head_offset", kv_head_offset)
         if config.evicts:
             if capacity is not None and capacity != config.capacity:
                 raise ValueError(
@@ -205,6 +210,7 @@ class VaSECacheLayer:
         self.head_dim = head_dim
         self.dtype = dtype
         self.layer_idx = layer_idx
+        self.kv_head_offset = kv_head_offset
         self.tensors = CacheTensors.empty(batch_size, num_kv_heads, capacity, head_dim, dtype=dtype, device=device)
         self.device = self.tensors.keys.device
         self.length_bound = 0
@@ -600,7 +606,7 @@ class VaSECacheLayer:
             cache=tensors, attention=self.observed_attention(tensors, window_queries=window_queries),
             window=self.config.window,
             layer=self.layer_idx, eviction_index=self.n_evictions, seed=self.config.seed,
-            eviction_counter=self.eviction_counter,
+            eviction_counter=self.eviction_counter, kv_head_offset=self.kv_head_offset,
         )
         return policy_importance(self.config, inputs)
 
@@ -615,7 +621,8 @@ class VaSECacheLayer:
             tensors, importance,
             budget=config.budget, window=config.window, n_sink=config.n_sink,
             n_protect=config.resolved_n_protect, temperature=config.eviction_temperature,
-            seed=stream_key(config.seed, self.layer_idx, GUMBEL_STREAM), eviction_index=self.eviction_counter,
+            seed=stream_key(config.seed, self.layer_idx, GUMBEL_STREAM, self.kv_head_offset),
+            eviction_index=self.eviction_counter,
             keep_scores=self.policy.keeps_scores, trigger_length=trigger_length,
         )  # fmt: skip
 

@@ -48,6 +48,8 @@ class EvictionInputs:
     window: recent-window size; candidates are slots `< lengths[b] - window`.
     layer: layer index; eviction_index: evictions this layer has done before this one.
     seed: the configuration's seed (see `vase_triton.seeding`).
+    kv_head_offset: the model's index of the cache's first KV head (non-zero on the other
+        ranks of a tensor-parallel model); keys the random draws with `seed` and `layer`.
     eviction_counter: `[1]` int64 on the cache's device holding `eviction_index`, or None.
         Draws keyed by it instead of `eviction_index` stay on the device, which lets the
         eviction be captured in a CUDA graph and replayed (`dkv_projection` does).
@@ -60,6 +62,7 @@ class EvictionInputs:
     eviction_index: int
     seed: int
     eviction_counter: Optional[torch.Tensor] = None
+    kv_head_offset: int = 0
 
     @property
     def candidates(self) -> torch.Tensor:
@@ -189,11 +192,12 @@ def dkv_projection(
     layer: int,
     eviction_index: Union[int, torch.Tensor],
     device,
+    kv_head_offset: int = 0,
 ) -> torch.Tensor:
     """The Gaussian projections `G` of one eviction: `[B, Hkv, D, dkv_rank]`, scaled by `1/sqrt(dkv_rank)`.
 
     One independent `G` per row and KV head, drawn on `device` from the layer's projection
-    stream of `config.seed` at `eviction_index` (an int, or the `[1]` int64 device counter,
+    stream of `config.seed` (and `kv_head_offset`, see `vase_triton.seeding.stream_key`) at `eviction_index` (an int, or the `[1]` int64 device counter,
     read on the device: see `vase_triton.ops.gaussian`). The same draw on every run with the
     same backend; the Triton kernel and the PyTorch reference draw different values.
     """
@@ -203,7 +207,8 @@ def dkv_projection(
     if not isinstance(eviction_index, torch.Tensor):
         eviction_index = torch.tensor([eviction_index], dtype=torch.int64, device=device)
     projection = torch.empty((*shape, head_dim, config.dkv_rank), dtype=torch.float32, device=device)
-    standard_normal_(projection, seed=stream_key(config.seed, layer, PROJECTION_STREAM), eviction_index=eviction_index)
+    key = stream_key(config.seed, layer, PROJECTION_STREAM, kv_head_offset)
+    standard_normal_(projection, seed=key, eviction_index=eviction_index)
     return projection / math.sqrt(config.dkv_rank)
 
 
@@ -212,7 +217,8 @@ def _projected_energy(config: "VaSEConfig", inputs: EvictionInputs) -> torch.Ten
     batch, kv_heads, _, head_dim = cache.keys.shape
     index = inputs.eviction_index if inputs.eviction_counter is None else inputs.eviction_counter
     projection = dkv_projection(
-        config, (batch, kv_heads), head_dim, layer=inputs.layer, eviction_index=index, device=cache.keys.device
+        config, (batch, kv_heads), head_dim, layer=inputs.layer, eviction_index=index, device=cache.keys.device,
+        kv_head_offset=inputs.kv_head_offset,
     )
     # Imported here: the ops import the configuration, which imports this module.
     from vase_triton.ops.projected_energy import projected_energy

@@ -1,8 +1,9 @@
 """Seeds of eviction randomness: one independent stream per (seed, layer, purpose), one draw per eviction.
 
 Every random draw of an eviction (the Gumbel noise of sampling policies, the Gaussian
-projection of `vase-dkv`) comes from the stream of the user's `seed`, the layer and the
-purpose of the draw, at the eviction counter of that layer. Layers evict at the same
+projection of `vase-dkv`) comes from the stream of the user's `seed`, the layer, the
+purpose of the draw and (under tensor parallelism) the first KV head the process holds,
+at the eviction counter of that layer. Layers evict at the same
 steps, so a stream that ignored the layer would keep the same slots in every layer.
 
 The Triton kernels key philox with `stream_key(seed, layer, stream)` and put the eviction
@@ -41,9 +42,17 @@ def _fold(**values: int) -> int:
     return z >> 1
 
 
-def stream_key(seed: int, layer: int, stream: int = GUMBEL_STREAM) -> int:
-    """The 63-bit key of one layer's stream of draws for one purpose (`GUMBEL_STREAM`, `PROJECTION_STREAM`)."""
-    return _fold(seed=seed, layer=layer, stream=stream)
+def stream_key(seed: int, layer: int, stream: int = GUMBEL_STREAM, kv_head_offset: int = 0) -> int:
+    """The 63-bit key of one layer's stream of draws for one purpose (`GUMBEL_STREAM`, `PROJECTION_STREAM`).
+
+    `kv_head_offset`: the model's index of the first KV head the cache holds (non-zero on
+    the other ranks of a tensor-parallel model), so that ranks, whose local heads are
+    numbered from 0 alike, draw independently. A cache of all the heads keeps the key it
+    has always had.
+    """
+    if kv_head_offset == 0:
+        return _fold(seed=seed, layer=layer, stream=stream)
+    return _fold(seed=seed, layer=layer, stream=stream, kv_head_offset=kv_head_offset)
 
 
 def generator_seed(key: int, eviction_index: int) -> int:

@@ -126,6 +126,7 @@ class _Layout(NamedTuple):
     device: tuple
     capacity: int
     num_query_heads: Optional[int]
+    kv_head_offset: int = 0
 
     @classmethod
     def of(cls, config: VaSEConfig, *, device: Sequence, max_length: Optional[int], **sizes) -> "_Layout":
@@ -134,15 +135,30 @@ class _Layout(NamedTuple):
         return cls(config, device=tuple(torch.device(d) for d in device), capacity=capacity, **sizes)
 
 
+def _first_kv_head(local_heads: int, total_heads: int) -> int:
+    """The model's index of the first KV head this process holds.
+
+    0 unless the heads are split over a tensor-parallel group, whose ranks are taken to be
+    consecutive, as in transformers' `tp_plan` meshes.
+    """
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if local_heads >= total_heads or not distributed:
+        return 0
+    return torch.distributed.get_rank() % (total_heads // local_heads) * local_heads
+
+
 def _model_geometry(model) -> dict:
     """The `VaSECache` arguments `model` decides: layers, heads held here, head dim, dtype, per-layer devices."""
     text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
     layers = decoder_layers(model)
     attention = layers[0].self_attn
+    kv_heads = _local_rows(attention.k_proj.weight) // head_dim
+    total_kv_heads = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
     return dict(
         num_layers=len(layers),
-        num_kv_heads=_local_rows(attention.k_proj.weight) // head_dim,
+        num_kv_heads=kv_heads,
+        kv_head_offset=_first_kv_head(kv_heads, total_kv_heads),
         head_dim=head_dim,
         dtype=model.dtype,
         device=[_execution_device(layer) for layer in layers],
@@ -161,6 +177,8 @@ class VaSECache(Cache):
         max_length: total tokens (prompt + new) a policy that never evicts must hold; ignored otherwise.
         num_query_heads: query heads held by this process (sizes the decode workspaces and
             the query rings here); None sizes them at the first prefill.
+        kv_head_offset: the model's index of the first KV head held here (a tensor-parallel
+            rank's); it keys the eviction draws, so that ranks draw independently.
 
     Every buffer is allocated here, once: keys/values `[B, Hkv, C, D]` per layer with
     `C = budget + window` (or `max_length`), one decode workspace per device. The one
@@ -180,6 +198,7 @@ class VaSECache(Cache):
         device,
         max_length: Optional[int] = None,
         num_query_heads: Optional[int] = None,
+        kv_head_offset: int = 0,
     ):
         if not isinstance(config, VaSEConfig):
             raise TypeError(f"config: expected a VaSEConfig; got {type(config).__name__}")
@@ -198,6 +217,7 @@ class VaSECache(Cache):
         self.layout = _Layout.of(
             config, num_layers=num_layers, batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim,
             dtype=dtype, device=devices, max_length=max_length, num_query_heads=num_query_heads,
+            kv_head_offset=kv_head_offset,
         )  # fmt: skip
         self._scratch = PrefillScratch()
         self._workspaces: dict[torch.device, tuple[torch.Tensor, ...]] = {}
@@ -216,7 +236,7 @@ class VaSECache(Cache):
                 VaSECacheLayer(
                     config, batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
                     device=layer_device, capacity=slots, layer_idx=index, num_query_heads=num_query_heads,
-                    workspace=self._workspaces.get(layer_device), scratch=self._scratch,
+                    workspace=self._workspaces.get(layer_device), scratch=self._scratch, kv_head_offset=kv_head_offset,
                 )
             )
         super().__init__(layers=[_PassThroughLayer(self, store) for store in self.stores])
