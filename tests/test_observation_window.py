@@ -100,14 +100,12 @@ def observation_truth(case, tensors, history, observed_queries=None) -> torch.Te
     return truth / ((1 if case.policy == "tova" else observed_queries) * group)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_each_eviction_observes_exactly_its_queries(case: Case, device, monkeypatch) -> None:
-    if case.backend == "torch":
-        monkeypatch.setenv("VASE_BACKEND", "torch")
-    config = VaSEConfig(policy=case.policy, budget=case.budget, window=case.window, n_sink=2, score_mode=case.score_mode)
-    batch, q_heads, kv_heads = len(case.prompt_lengths), case.group * case.kv_heads, case.kv_heads
-    layer = VaSECacheLayer(config, batch_size=batch, num_kv_heads=kv_heads, head_dim=HEAD_DIM,
-                           dtype=torch.float32, device=device)
+def recording_layer(case: Case, device, **config_options) -> tuple[VaSECacheLayer, list]:
+    """A layer of `case`, and the list into which it records (buffers, observed attention) at each eviction."""
+    config = VaSEConfig(policy=case.policy, budget=case.budget, window=case.window, n_sink=2,
+                        score_mode=case.score_mode, **config_options)
+    layer = VaSECacheLayer(config, batch_size=len(case.prompt_lengths), num_kv_heads=case.kv_heads,
+                           head_dim=HEAD_DIM, dtype=torch.float32, device=device)
     events = []
     policy_importance = layer.importance
 
@@ -117,18 +115,33 @@ def test_each_eviction_observes_exactly_its_queries(case: Case, device, monkeypa
         return policy_importance(tensors, **kwargs)
 
     layer.importance = recording_importance
+    return layer, events
 
-    prompt = max(case.prompt_lengths)
-    steps = config.capacity - min(prompt, config.budget) + EVICTIONS * config.window
+
+def random_tokens(case: Case, total: int, device) -> tuple[torch.Tensor, ...]:
+    """Queries, keys, values of `total` tokens (the prompt left-padded), and each row's query history.
+
+    Row b's real tokens are the last prompt_lengths[b] of the prompt, then the tokens after
+    it: history[b][head, p] is the query of its p-th real token.
+    """
+    batch, prompt = len(case.prompt_lengths), max(case.prompt_lengths)
     gen = torch.Generator().manual_seed(zlib.crc32(case.id.encode()))
-    total = prompt + steps
-    query = torch.randn(batch, q_heads, total, HEAD_DIM, generator=gen)
-    key = torch.randn(batch, kv_heads, total, HEAD_DIM, generator=gen)
-    value = torch.randn(batch, kv_heads, total, HEAD_DIM, generator=gen)
-    # Row b's real tokens are the last prompt_lengths[b] of the prompt, then the decode steps:
-    # history[b][head, p] is the query of its p-th real token.
+    query = torch.randn(batch, case.group * case.kv_heads, total, HEAD_DIM, generator=gen)
+    key = torch.randn(batch, case.kv_heads, total, HEAD_DIM, generator=gen)
+    value = torch.randn(batch, case.kv_heads, total, HEAD_DIM, generator=gen)
     history = [query[b, :, prompt - n :] for b, n in enumerate(case.prompt_lengths)]
-    query, key, value = (t.to(device) for t in (query, key, value))
+    return (*(t.to(device) for t in (query, key, value)), history)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_each_eviction_observes_exactly_its_queries(case: Case, device, monkeypatch) -> None:
+    if case.backend == "torch":
+        monkeypatch.setenv("VASE_BACKEND", "torch")
+    layer, events = recording_layer(case, device)
+    config = layer.config
+    prompt = max(case.prompt_lengths)
+    total = prompt + config.capacity - min(prompt, config.budget) + EVICTIONS * config.window
+    query, key, value, history = random_tokens(case, total, device)
     lengths = torch.tensor(case.prompt_lengths, dtype=torch.int32, device=device)
     layer.prefill(query[:, :, :prompt], key[:, :, :prompt], value[:, :, :prompt], scale=SCALE, valid_lengths=lengths)
     for step in range(prompt, total):
@@ -171,33 +184,13 @@ def test_chunked_prompt_and_short_new_turn_observe_their_window(case: Case, devi
     if case.backend == "torch":
         monkeypatch.setenv("VASE_BACKEND", "torch")
     window = case.window
-    config = VaSEConfig(policy=case.policy, budget=case.budget, window=window, n_sink=2,
-                        score_mode=case.score_mode, prefill_chunk_size=8)
-    batch, q_heads, kv_heads = len(case.prompt_lengths), case.group * case.kv_heads, case.kv_heads
-    layer = VaSECacheLayer(config, batch_size=batch, num_kv_heads=kv_heads, head_dim=HEAD_DIM,
-                           dtype=torch.float32, device=device)
-    events = []
-    policy_importance = layer.importance
-
-    def recording_importance(tensors=None, **kwargs):
-        tensors = layer.tensors if tensors is None else tensors
-        events.append(([t.clone() for t in tensors], layer.observed_attention(tensors, **kwargs).clone()))
-        return policy_importance(tensors, **kwargs)
-
-    layer.importance = recording_importance
-
+    layer, events = recording_layer(case, device, prefill_chunk_size=8)
     prompt, decode_before, turn, decode_after = max(case.prompt_lengths), 5, 5, 2 * window + 1
     assert layer.chunk_bounds(prompt) == [(0, 8), (8, 16), (16, 18), (18, 26)]
     total = prompt + decode_before + turn + decode_after
-    gen = torch.Generator().manual_seed(zlib.crc32(case.id.encode()))
-    query = torch.randn(batch, q_heads, total, HEAD_DIM, generator=gen)
-    key = torch.randn(batch, kv_heads, total, HEAD_DIM, generator=gen)
-    value = torch.randn(batch, kv_heads, total, HEAD_DIM, generator=gen)
-    history = [query[b, :, prompt - n :] for b, n in enumerate(case.prompt_lengths)]
-    query, key, value = (t.to(device) for t in (query, key, value))
+    query, key, value, history = random_tokens(case, total, device)
     lengths = torch.tensor(case.prompt_lengths, dtype=torch.int32, device=device)
     layer.prefill(query[:, :, :prompt], key[:, :, :prompt], value[:, :, :prompt], scale=SCALE, valid_lengths=lengths)
-    step = prompt
     for step in range(prompt, prompt + decode_before):
         layer.decode(*(t[:, :, step : step + 1] for t in (query, key, value)), scale=SCALE)
     start = prompt + decode_before
