@@ -139,6 +139,28 @@ def test_append_repeated_steps_fill_exactly_to_capacity(device):
     assert cache.positions[1, 0].tolist() == [-7, -7, -7, 103, 104, 105]
 
 
+@pytest.mark.parametrize("tiles", ["default", "small"])
+def test_rows_with_lengths_out_of_range_are_left_untouched(tiles, device, monkeypatch):
+    """Lengths are not read back for validation: a negative one, or one near 2**31 (whose
+    `length + T_new` overflows int32), must leave its row alone, not write outside it."""
+    if tiles == "small":
+        monkeypatch.setattr(append_kernels, "_INTERPRETER_MAX_TILE", 256)
+        monkeypatch.setattr(append_kernels, "_MAX_TILE", 256)
+    lengths = [-1, 2**31 - 1, 3, 2**31 - 3]
+    cache = _poisoned_cache(4, 2, 8, 64, lengths, torch.float32, device)
+    guarded = torch.full((2, 4, 2, 8, 64), 5.0, device=device)  # memory just before the keys holds 5s
+    guarded[1] = float("nan")
+    cache = cache._replace(keys=guarded[1])
+    new = torch.randn(4, 2, 2, 64, generator=torch.Generator().manual_seed(0)).to(device)
+    want = CacheTensors(*(t.clone() for t in cache))
+    reference.append_(want, new, new, value_stat="range")
+    append_(cache, new, new, value_stat="range")
+    for name, got, expected in zip(CacheTensors._fields, cache, want):
+        assert _bitwise_equal(got, expected), name
+    assert cache.lengths.tolist() == [-1, 2**31 - 1, 5, 2**31 - 3]
+    assert bool((guarded[0] == 5.0).all()) and bool(torch.isnan(cache.keys[[0, 1, 3]]).all())
+
+
 def test_append_rejects_bad_arguments(device):
     cache = _poisoned_cache(2, 2, 8, 64, [0, 0], torch.float16, device)
     new = torch.zeros(2, 2, 1, 64, dtype=torch.float16, device=device)
@@ -154,3 +176,6 @@ def test_append_rejects_bad_arguments(device):
         append_(cache._replace(magnitudes=cache.magnitudes[:, :, :4]), new, new, value_stat="range")
     with pytest.raises(TypeError, match="cache: expected a vase_triton.cache_tensors.CacheTensors"):
         append_(tuple(cache), new, new, value_stat="range")
+    shared = cache.positions[:1].expand(2, -1, -1)  # both rows would write one memory
+    with pytest.raises(ValueError, match="cache.positions: expected buffers whose elements do not share memory"):
+        append_(cache._replace(positions=shared), new, new, value_stat="range")

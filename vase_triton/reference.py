@@ -306,9 +306,9 @@ def append_(cache: CacheTensors, new_keys: torch.Tensor, new_values: torch.Tenso
     device = cache.keys.device
     new_len = new_keys.shape[2]
     lengths = cache.lengths.to(torch.long)
-    fits = lengths + new_len <= capacity  # [B]
+    fits = (lengths >= 0) & (lengths + new_len <= capacity)  # [B]
     slots = lengths.view(batch, 1) + torch.arange(new_len, device=device)  # [B, T_new]
-    slots = slots.clamp_max(capacity - 1).view(batch, 1, new_len).expand(batch, kv_heads, new_len)
+    slots = slots.clamp(0, capacity - 1).view(batch, 1, new_len).expand(batch, kv_heads, new_len)
     write = fits.view(batch, 1, 1)  # [B, 1, 1]
 
     def put(buffer: torch.Tensor, new: torch.Tensor) -> None:

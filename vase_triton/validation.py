@@ -116,6 +116,12 @@ def check_cache_tensors(cache: object, dtypes: Sequence[torch.dtype] = FLOAT_DTY
     check_exact("cache.positions", cache.positions, rows, torch.int32, "[B, Hkv, N]")
     check_exact("cache.lengths", cache.lengths, (batch,), torch.int32, "[B]")
     check_exact("cache.next_positions", cache.next_positions, (batch,), torch.int32, "[B]")
+    for name, tensor in zip(CacheTensors._fields, cache):  # every buffer is written in place
+        if any(stride == 0 and size > 1 for stride, size in zip(tensor.stride(), tensor.shape)):
+            raise ValueError(
+                f"cache.{name}: expected buffers whose elements do not share memory; got a view with "
+                f"stride {tensor.stride()} for shape {list(tensor.shape)} (an expanded tensor)"
+            )
     for name in ("lengths", "next_positions"):  # kernels index these [B] counters without strides
         if not getattr(cache, name).is_contiguous():
             raise ValueError(

@@ -65,7 +65,7 @@ def _cache_append_kernel(
     offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     length = tl.load(lengths_ptr + batch)
     next_position = tl.load(next_positions_ptr + batch)
-    fits = length + new_len <= capacity
+    fits = (length >= 0) & (length <= capacity - new_len)  # no int32 overflow for lengths near 2**31
 
     offs_d = tl.arange(0, BLOCK_D).to(tl.int64)
     mask_d = offs_d < head_dim
@@ -170,6 +170,7 @@ def cache_append_triton(
         num_warps=config.num_warps,
     )  # fmt: skip
     if token_blocks > 1:
-        step = torch.where(lengths + new_len <= capacity, new_len, 0).to(lengths.dtype)
+        fits = (lengths >= 0) & (lengths <= capacity - new_len)
+        step = torch.where(fits, new_len, 0).to(lengths.dtype)
         lengths.add_(step)
         next_positions.add_(step)

@@ -56,8 +56,8 @@ def append_(cache: CacheTensors, new_keys: torch.Tensor, new_values: torch.Tenso
     Sequence `b` gets `new_keys[b]`, `new_values[b]` in slots `[lengths[b], lengths[b] + T_new)`
     of every KV head, their value magnitude (`value_stat` over D, in fp32) in `magnitudes` and
     positions `next_positions[b] + t` in `positions`; then `lengths[b]` and `next_positions[b]`
-    advance by `T_new`. A sequence whose cache would overflow (`lengths[b] + T_new > N`) is left
-    untouched, counters included. Scores are not touched. Everything is decided on device (no
+    advance by `T_new`. A sequence whose cache would overflow (`lengths[b] + T_new > N`), or
+    whose length is negative, is left untouched, counters included. Scores are not touched. Everything is decided on device (no
     host reads), so the op can run inside `torch.compile` graphs and CUDA graphs.
 
     Args:
