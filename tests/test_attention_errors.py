@@ -65,6 +65,7 @@ PREFILL_ERRORS = {
         "q",
     ),
     "q-longer-than-k": ({"q": torch.randn(2, 4, 64, 64)}, ValueError, "q"),
+    "q-no-heads": ({"q": torch.randn(2, 0, 7, 64)}, ValueError, "q"),
     "causal-int": ({"causal": 1}, TypeError, "causal"),
     "score_window-float": ({"score_window": 2.0}, TypeError, "score_window"),
     "score_window-over-Tq": ({"score_window": 8}, ValueError, "score_window"),
@@ -90,6 +91,7 @@ DECODE_ERRORS = {
     "k_cache-meta-device": ({"k_cache": torch.empty(2, 2, 111, 64, device="meta")}, ValueError, "k_cache"),
     "scores-meta-device": ({"scores": torch.empty(2, 2, 111, device="meta")}, ValueError, "scores"),
     "q-two-queries": ({"q": torch.randn(2, 4, 2, 64)}, ValueError, "q"),
+    "q-no-heads": ({"q": torch.randn(2, 0, 1, 64)}, ValueError, "q"),
     "k_cache-batch": (
         {"k_cache": torch.randn(3, 2, 111, 64), "v_cache": torch.randn(3, 2, 111, 64)},
         ValueError,

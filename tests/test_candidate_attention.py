@@ -120,6 +120,16 @@ def test_matches_the_paper_formula_in_float64(case: Case, backend: str, device, 
     assert bool((got.cpu()[past.expand_as(got.cpu())] == 0).all())
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_no_query_or_no_slot_gives_zeros(backend: str, device, monkeypatch) -> None:
+    if backend == "torch":
+        monkeypatch.setenv("VASE_BACKEND", "torch")
+    q, k = torch.randn(2, 4, 3, 32, device=device), torch.randn(2, 2, 5, 32, device=device)
+    lens = torch.tensor([3, 5], device=device)
+    assert torch.equal(candidate_attention(q[:, :, :0], k, lens, scale=0.2), torch.zeros(2, 2, 5, device=device))
+    assert candidate_attention(q, k[:, :, :0], lens * 0, scale=0.2).shape == (2, 2, 0)
+
+
 def test_reference_is_the_float64_formula() -> None:
     case = CASES[3]
     q, k, lens, q_valid = make_inputs(case, torch.device("cpu"), seed=4)

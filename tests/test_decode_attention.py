@@ -161,6 +161,26 @@ def test_empty_cache_gives_zero_and_adds_nothing(device):
     assert torch.equal(scores, before)
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_slots_past_cache_lens_are_never_read_and_an_empty_capacity_gives_zero(backend, device, monkeypatch):
+    """NaN keys and inf values past `cache_lens` change nothing (the reference too); C = 0 gives zeros."""
+    if backend == "torch":
+        monkeypatch.setenv("VASE_BACKEND", "torch")
+    case = Case(4, 2, 63, 64, torch.float32, (63, 20), None)
+    q, k, v, cache_lens = make_inputs(case, device, seed=4)
+    past = torch.arange(case.capacity, device=device).view(1, 1, -1, 1) >= cache_lens.view(-1, 1, 1, 1)
+    clean_scores, poisoned_scores = torch.zeros(2, 2, case.capacity, device=device), torch.zeros(2, 2, case.capacity, device=device)
+    clean = vase_triton.ops.decode_attention(q, k, v, cache_lens, scores=clean_scores)
+    poisoned = vase_triton.ops.decode_attention(
+        q, k.masked_fill(past, float("nan")), v.masked_fill(past, float("inf")), cache_lens, scores=poisoned_scores
+    )
+    assert torch.equal(poisoned, clean) and torch.equal(poisoned_scores, clean_scores)
+    assert bool(torch.isfinite(poisoned).all())
+    zero = torch.zeros(2, dtype=torch.int32, device=device)
+    empty = vase_triton.ops.decode_attention(q, k[:, :, :0], v[:, :, :0], zero)
+    assert torch.equal(empty, torch.zeros_like(q))
+
+
 def test_strided_cache_views_are_read_in_place(device):
     """Caches viewed from a `[B, C, Hkv, D]` layout and from a larger capacity give the same result."""
     case = CASES[3]

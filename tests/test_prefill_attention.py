@@ -190,6 +190,27 @@ def test_non_contiguous_inputs(case: Case, device):
         assert torch.equal(a, e)
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_slots_past_kv_lens_are_never_read_and_no_keys_give_empty_outputs(backend, device, monkeypatch):
+    """NaN keys and inf values past `kv_lens` change nothing (the reference too); Tq = Tk = 0 runs."""
+    if backend == "torch":
+        monkeypatch.setenv("VASE_BACKEND", "torch")
+    case = CASES[4]
+    q, k, v, lens = make_inputs(case, device, seed=5)
+    lens = torch.tensor([case.k_len - 9] + [case.k_len] * (case.batch - 1), dtype=torch.int32, device=device)
+    q = q[:, :, -3:]
+    clean = vase_triton.ops.prefill_attention(q, k, v, kv_lens=lens, score_window=2)
+    past = torch.arange(case.k_len, device=device).view(1, 1, -1, 1) >= lens.view(-1, 1, 1, 1)
+    poisoned = vase_triton.ops.prefill_attention(
+        q, k.masked_fill(past, float("nan")), v.masked_fill(past, float("inf")), kv_lens=lens, score_window=2
+    )
+    for got, want in zip(poisoned, clean):
+        assert torch.equal(got, want)
+    assert bool(torch.isfinite(poisoned[0]).all())
+    out, lse, scores = vase_triton.ops.prefill_attention(q[:, :, :0], k[:, :, :0], v[:, :, :0])
+    assert out.shape == q[:, :, :0].shape and lse.shape == q.shape[:2] + (0,) and scores is None
+
+
 def test_int64_kv_lens_and_no_lens_agree(device):
     case = CASES[4]
     q, k, v, _ = make_inputs(case, device, seed=3)

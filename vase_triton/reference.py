@@ -145,11 +145,22 @@ def masked_logits(
 
 
 def _softmax_or_zero(logits: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim; a row of only `-inf` gives all-zero probabilities."""
+    """Softmax over the last dim; a row of only `-inf` (or of no key) gives all-zero probabilities."""
+    if logits.shape[-1] == 0:
+        return torch.zeros_like(logits)
     row_max = logits.amax(dim=-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     weights = torch.exp(logits - row_max)
     return weights / weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(logits.dtype).tiny)
+
+
+def _readable_values(v: torch.Tensor, kv_lens: Optional[torch.Tensor]) -> torch.Tensor:
+    """`v` `[B, Hkv, Tk, D]` with the slots at or past `kv_lens[b]` zeroed: they are never read,
+    and a zero probability times NaN or inf garbage there would still be NaN."""
+    if kv_lens is None:
+        return v
+    slots = torch.arange(v.shape[2], device=v.device).view(1, 1, -1, 1)
+    return v.masked_fill(slots >= kv_lens.view(-1, 1, 1, 1), 0)
 
 
 def attention_probabilities(
@@ -191,7 +202,7 @@ def prefill_attention(
     kv_heads, k_len = k.shape[1], k.shape[2]
     logits = masked_logits(q, k, scale=scale, causal=causal, kv_lens=kv_lens)
     probs = _softmax_or_zero(logits)
-    out = _grouped_matmul(probs, v.to(probs.dtype)).to(q.dtype)
+    out = _grouped_matmul(probs, _readable_values(v, kv_lens).to(probs.dtype)).to(q.dtype)
     lse = torch.logsumexp(logits, dim=-1).to(torch.float32)
 
     scores = None
@@ -226,7 +237,7 @@ def decode_attention(
     batch, q_heads = q.shape[0], q.shape[1]
     kv_heads, capacity = k_cache.shape[1], k_cache.shape[2]
     probs = attention_probabilities(q, k_cache, scale=scale, causal=False, kv_lens=cache_lens)
-    out = _grouped_matmul(probs, v_cache.to(probs.dtype)).to(q.dtype)
+    out = _grouped_matmul(probs, _readable_values(v_cache, cache_lens).to(probs.dtype)).to(q.dtype)
     if scores is not None:
         step = probs[:, :, 0, :].view(batch, kv_heads, q_heads // kv_heads, capacity).sum(dim=2)
         scores.add_(step.to(scores.dtype))
@@ -258,6 +269,8 @@ def candidate_attention(
     """
     batch, q_heads, window, _ = q.shape
     kv_heads, num_slots = k.shape[1], k.shape[2]
+    if window == 0:
+        return torch.zeros((batch, kv_heads, num_slots), dtype=torch.float32, device=q.device)
     probs = attention_probabilities(q, k, scale=scale, causal=False, kv_lens=candidate_lens)  # [B, Hq, W, N]
     if q_valid is not None:
         probs = probs * q_valid.to(probs.dtype).view(batch, 1, window, 1)

@@ -113,6 +113,8 @@ def _candidate_attention_fake(q, k, candidate_lens, q_valid, scale):
 
 def _check_heads(q: torch.Tensor, k: torch.Tensor, k_name: str) -> None:
     q_heads, kv_heads = q.shape[1], k.shape[1]
+    if q_heads == 0:
+        raise ValueError("q: expected at least one query head; got Hq=0")
     if kv_heads == 0 or q_heads % kv_heads != 0:
         raise ValueError(
             f"{k_name}: expected a number of KV heads dividing the {q_heads} query heads "
