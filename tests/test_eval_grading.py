@@ -31,9 +31,14 @@ THINKING = (
         ("Adding these up gives 1,234 in all.\n#### 1,234", "1,234"),
         ("After simplifying we get 12.\n\n**Final Answer:** 12", "12"),
         ("Thus the answer is $\\frac{3}{4}$.", "\\frac{3}{4}"),
+        ("#### Step 1: set up\nWe add.\n#### Step 2: compute\n\nThe final answer is 42.", "42"),
+        ("The total is 7.\n#### -1,250.5.", "-1,250.5"),
+        ("I answered 3 of them. After all that: 7", None),
+        ("I answered 3 of them, so the answer is 7.", "7"),
     ],
     ids=["nested-dfrac", "escaped-braces", "multiple-boxed", "units", "fbox", "boxed-space", "gsm8k", "gsm8k-comma",
-         "final-answer-line", "answer-is"],
+         "final-answer-line", "answer-is", "markdown-headings", "gsm8k-signed-decimal", "answered-is-not-answer",
+         "answer-after-answered"],
 )
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
@@ -66,9 +71,13 @@ def test_last_boxed_skips_an_unclosed_final_box():
         ("so \\boxed{4}", "3", False),
         ("so \\boxed{\\frac{2}{3}}", "\\frac{3}{2}", False),
         ("First \\boxed{3}, finally \\boxed{5}.", "3", False),
+        ("so \\boxed{2,100}", "2100", True),
+        ("so \\boxed{2, 100}", "2100", False),
+        ("so \\boxed{-2, 100}", "-2100", False),
+        ("so \\boxed{2100}", "2, 100", False),
     ],
     ids=["sqrt-dfrac", "fraction-decimal", "commuted", "units", "degrees", "thousands", "pair", "wrong", "inverted",
-         "last-box-wins"],
+         "last-box-wins", "thousands-token", "pair-is-not-thousands", "negative-pair", "gold-pair"],
 )
 def test_grade_math(output, gold, correct):
     assert grade(extract_answer(output), gold).correct is correct
@@ -82,10 +91,15 @@ def test_grade_math(output, gold, correct):
         ("I conclude \\boxed{\\text{D}}", "D"),
         ("The answer is (A).", "A"),
         ("\\boxed{C) 4.2 eV}", "C"),
+        ("\\boxed{c}", "C"),
+        ("\\boxed{C: 4.2 eV}", "C"),
+        ("\\boxed{\\text{(C) } 4.2 eV}", "C"),
+        ("\\boxed{\\textbf{\\text{C}}}", "C"),
         ("\\boxed{E}", None),
         ("\\boxed{4.2}", None),
     ],
-    ids=["plain", "parenthesised", "text", "answer-line", "letter-and-value", "out-of-range", "value-only"],
+    ids=["plain", "parenthesised", "text", "answer-line", "letter-and-value", "lowercase", "letter-colon-value",
+         "text-letter-and-value", "nested-text", "out-of-range", "value-only"],
 )
 def test_choice_letters(output, letter):
     assert choice_letter(extract_answer(output), 4) == letter

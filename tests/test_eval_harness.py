@@ -120,7 +120,7 @@ def test_summary_maths_on_hand_made_records():
     for sample, outcomes in enumerate([(True, False), (True, True), (False, False)]):
         for problem, correct in zip("pq", outcomes):
             answer = None if (sample, problem) == (2, "q") else "1"
-            records.append(_record("x", "vase", 64, sample, problem, correct, answer, tokens=10 + sample, seconds=2.0, batch=0))
+            records.append(_record("x", "vase", 64, sample, problem, correct, answer, tokens=10 + sample, seconds=2.0, batch=sample))
     # task y: per-sample accuracies 1, 0, 1 over one problem.
     for sample, correct in enumerate([True, False, True]):
         records.append(_record("y", "vase", 64, sample, "r", correct, tokens=30, seconds=3.0, batch=sample))
@@ -134,6 +134,10 @@ def test_summary_maths_on_hand_made_records():
     assert x.tokens_per_s == pytest.approx(66 / 6) and y.tokens_per_s == pytest.approx(10.0)
     assert average.accuracy == pytest.approx((0.5 + 2 / 3) / 2)
     assert average.stderr == pytest.approx(math.hypot(x.stderr, y.stderr) / 2)
+    # Task w: 3 problems x 2 samples in batches of 4; batch 0 spans both samples: 60 tokens in 1 + 1 s.
+    spanning = [_record("w", "vase", 64, s, p, True, seconds=1.0, batch=k // 4) for k, (s, p) in
+                enumerate((s, p) for s in (0, 1) for p in "abc")]
+    assert summarise(spanning)[0].tokens_per_s == pytest.approx(60 / 2)
     single = summarise([_record("z", "h2o", 64, 0, "p", True)])[0]
     assert single.accuracy == 1.0 and math.isnan(single.stderr)
 

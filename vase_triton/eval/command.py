@@ -9,11 +9,14 @@ problems at 2x, 4x and 8x compression.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import math
 from pathlib import Path
 
 from vase_triton.commands.common import (
     CommandError,
+    check_backend,
     choice,
     comma_list,
     finite_float,
@@ -29,6 +32,17 @@ from vase_triton.config import SCORE_MODES, VaSEConfig
 from vase_triton.policies import POLICIES
 
 DEFAULT_WINDOW = VaSEConfig().window
+
+
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds; got {text!r}")
+    return seconds
 
 
 def add_eval_command(commands) -> None:
@@ -65,7 +79,7 @@ def add_eval_command(commands) -> None:
     parser.add_argument("--temperature", type=finite_float(), help="override the generation config's temperature (0 = greedy)")
     parser.add_argument("--top-p", type=finite_float(0.0, 1.0), help="override the generation config's top-p")
     parser.add_argument("--top-k", type=non_negative_int, help="override the generation config's top-k")
-    parser.add_argument("--grading-timeout", type=finite_float(), default=10.0, help="seconds allowed to grade one answer")
+    parser.add_argument("--grading-timeout", type=_positive_seconds, default=10.0, help="seconds allowed to grade one answer")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="model dtype (auto: bf16 on GPU, fp32 on CPU)")
@@ -119,10 +133,11 @@ def _model_plan(args) -> _EvalPlan:
 
 
 def run_eval_command(args) -> int:
-    from vase_triton.eval.runner import EvalSettings, RunError, read_results, run_eval
+    from vase_triton.eval.runner import EvalSettings, RunError, planned_records, run_eval
     from vase_triton.eval.summary import SUMMARY_MARKDOWN, markdown_table, write_summary
     from vase_triton.eval.tasks import TaskError, load_task, task_label
 
+    check_backend()
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     plan = _testbed_plan(args) if args.model is None else _model_plan(args)
@@ -132,9 +147,16 @@ def run_eval_command(args) -> int:
                 VaSEConfig(policy=policy, budget=budget, window=plan.window, score_mode=args.score_mode)
             except (ValueError, TypeError) as error:
                 raise CommandError(f"--budgets: {budget} with {policy!r}: {error}") from None
+    labels = {}
+    for task in plan.tasks:
+        if labels.setdefault(task_label(task), task) != task:
+            raise CommandError(
+                f"--tasks: expected tasks recorded under distinct names; {labels[task_label(task)]!r} and {task!r} "
+                f"are both {task_label(task)!r}"
+            )
     try:
         problems = {
-            task_label(task): load_task(task, limit=args.limit, testbed_problems=args.problems) for task in plan.tasks
+            label: load_task(task, limit=args.limit, testbed_problems=args.problems) for label, task in labels.items()
         }
     except TaskError as error:
         raise CommandError(str(error)) from None
@@ -160,7 +182,7 @@ def run_eval_command(args) -> int:
         )
     except RunError as error:
         raise CommandError(str(error)) from None
-    records = [record for record in read_results(results) if record["task"] in problems]
+    records = planned_records(results, problems, policies=args.policies, budgets=plan.budgets, samples=plan.samples)
     cells = write_summary(records, plan.out_dir, plan.header)
     print(markdown_table(cells, "accuracy", "Accuracy (%), mean ± standard error over samples"))
     if any(cell.trace_exact is not None for cell in cells):

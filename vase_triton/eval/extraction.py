@@ -1,8 +1,9 @@
 """Pull the final answer out of a model's output text.
 
 In order of preference: the last brace-matched `\\boxed{...}` (or `\\fbox{...}`), a GSM8K
-style `#### 42` line, then the last final-answer line (`Final answer: 42`,
-`The answer is 42.`). For multiple-choice questions the result is reduced to a letter.
+style `#### 42` line (a number alone, so a `#### Step 2` heading does not count), then the
+last final-answer line (`Final answer: 42`, `The answer is 42.`). For multiple-choice
+questions the result is reduced to a letter.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ import re
 from typing import Optional
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
-_HASH_ANSWER = re.compile(r"####\s*([^\n]+)")
+_HASH_ANSWER = re.compile(r"####[ \t]*([-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)[ \t]*\.?[ \t]*$", re.MULTILINE)
 _ANSWER_LINE = re.compile(
-    r"(?:final\s+answer|answer)\s*(?:is|:|=)?\s*[:=]?\s*(.+)", re.IGNORECASE
+    r"\b(?:final\s+answer|answer)\b\s*(?:is|:|=)?\s*[:=]?\s*(.+)", re.IGNORECASE
 )
-_LETTER = re.compile(r"^\(?\s*([A-Z])\s*\)?[.:)]?$")
-_TEXT_WRAPPER = re.compile(r"^\\(?:text|textbf|mathrm|mathbf)\{(.*)\}$")
+_LETTER = re.compile(r"^\(?\s*([A-Z])\s*\)?[.:)]?$", re.IGNORECASE)
+_LETTER_AND_VALUE = re.compile(r"^\(?([A-Z])\s*[):.]\s", re.IGNORECASE)
+_TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\{([^{}]*)\}")
 
 
 def _braced(text: str, open_index: int) -> Optional[str]:
@@ -70,26 +72,23 @@ def extract_answer(text: str) -> Optional[str]:
         return boxed
     hashes = _HASH_ANSWER.findall(text)
     if hashes:
-        return hashes[-1].strip().rstrip(".").strip() or None
+        return hashes[-1]
     return _final_answer_line(text)
 
 
 def choice_letter(answer: Optional[str], n_choices: int) -> Optional[str]:
     """The option letter (`A`, `B`, ...) an extracted answer names, or None.
 
-    Accepts `B`, `(B)`, `B)`, `B.`, `\\text{B}`, `B) 42`, `(B) 42`.
+    Accepts `B`, `b`, `(B)`, `B)`, `B.`, `\\text{B}`, `B) 42`, `(B) 42`, `B: 42`, `\\text{(B) } 42`.
     """
     if answer is None:
         return None
-    text = answer.strip().strip("$").strip()
-    wrapped = _TEXT_WRAPPER.match(text)
-    if wrapped:
-        text = wrapped.group(1).strip()
+    text, unwrapped = answer.strip().strip("$"), 1
+    while unwrapped:
+        text, unwrapped = _TEXT_WRAPPER.subn(r"\1", text)
+    text = text.strip()
     valid = {chr(ord("A") + index) for index in range(n_choices)}
-    match = _LETTER.match(text)
-    if match and match.group(1) in valid:
-        return match.group(1)
-    leading = re.match(r"^\(?([A-Z])\)\s", text)
-    if leading and leading.group(1) in valid:
-        return leading.group(1)
+    match = _LETTER.match(text) or _LETTER_AND_VALUE.match(text)
+    if match and match.group(1).upper() in valid:
+        return match.group(1).upper()
     return None

@@ -35,8 +35,9 @@ class Grade:
 
 
 def normalise(answer: str) -> str:
-    """A canonical string form: no spacing, `$`, `\\left`/`\\right`, text wrappers, units or
-    thousands separators; `\\dfrac`/`\\tfrac` as `\\frac`; a trailing `.0` dropped."""
+    """A canonical string form: no spacing, `$`, `\\left`/`\\right`, text wrappers or units;
+    thousands separators dropped from one number written `2,100`; `\\dfrac`/`\\tfrac` as
+    `\\frac`; a trailing `.0` dropped."""
     text = answer.strip().strip("$").strip()
     text = re.sub(r"\\(?:left|right|displaystyle|!|,|;|:)", "", text)
     text = re.sub(r"\\[dt]frac", r"\\frac", text)
@@ -46,9 +47,10 @@ def normalise(answer: str) -> str:
     words = text.split()
     while len(words) > 1 and words[-1].lower().strip(".") in _UNIT_WORDS:
         words.pop()
-    text = "".join(words).rstrip(".")
-    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", text):
+    text = " ".join(words).rstrip(".")
+    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", text):  # one token: `2, 100` is a pair, not 2100
         text = text.replace(",", "")
+    text = text.replace(" ", "")
     if re.fullmatch(r"-?\d+\.0+", text):
         text = text.split(".")[0]
     return text

@@ -8,7 +8,12 @@ decoding and eviction seeds for the same rows. Evictions are synchronous across 
 same seed and batch size give the same results; a different batch size may not.
 
 Finished samples are appended to `results.jsonl` after each batch; a rerun with the same
-settings skips every batch whose samples are all recorded.
+settings skips every batch whose samples are all recorded. `run.json` records the settings,
+the model's dtype and device, and a digest of every planned batch per task: a rerun is
+refused unless it would write exactly what a fresh run would, so a changed `--problems`,
+`--limit` or `--samples` is accepted only when every recorded batch stays the same batch
+(same rows, same index, hence the same seed), e.g. more problems with one sample and a
+batch size that divides the old count.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ class RunError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
-    """Everything that decides a sample's result (recorded in `run.json`).
+    """The settings that decide a sample's result (recorded in `run.json` with the model's
+    dtype and device and the planned batches).
 
     `sampling` holds the decoding overrides (`do_sample`, `temperature`, `top_p`, `top_k`)
     already merged with the model's generation config.
@@ -112,19 +118,81 @@ def read_results(path: Path) -> list[dict]:
     return records
 
 
-def check_settings(out_dir: Path, settings: EvalSettings) -> None:
-    """Record `settings` in `out_dir`, or refuse a directory holding results of other settings."""
+def batch_digests(problems: Sequence[Problem], samples: int, batch_size: int) -> list[str]:
+    """A digest of each planned batch's rows (problem contents and sample index), in batch order."""
+    digests = []
+    for batch in plan_batches(problems, samples, batch_size):
+        rows = json.dumps([[dataclasses.asdict(problem), sample] for problem, sample in batch], sort_keys=True)
+        digests.append(hashlib.sha256(rows.encode()).hexdigest()[:16])
+    return digests
+
+
+def run_record(model, settings: EvalSettings, problems_by_task: dict[str, list[Problem]], samples: int) -> dict:
+    """What `run.json` holds: the settings, the model's dtype and device, each task's planned batches."""
+    tasks = {
+        task: {
+            "samples": samples, "problems": len(problems),
+            "batches": batch_digests(problems, samples, settings.batch_size),
+        }
+        for task, problems in problems_by_task.items()
+    }
+    dtype = str(model.dtype).removeprefix("torch.")
+    return {**settings.comparable(), "dtype": dtype, "device": str(model.device), "tasks": tasks}
+
+
+def _task_change(previous: object, current: dict) -> Optional[str]:
+    """Why a task's recorded plan `previous` cannot be resumed as `current`, or None when every
+    recorded batch is unchanged (a longer plan only adds batches)."""
+    recorded = previous.get("batches") if isinstance(previous, dict) else None
+    if isinstance(recorded, list) and current["batches"][: len(recorded)] == recorded:
+        return None
+    previous = previous if isinstance(previous, dict) else {}
+    changes = [
+        f"{field} {previous.get(field)!r} there, {current[field]!r} now"
+        for field in ("problems", "samples") if previous.get(field) != current[field]
+    ]
+    return (", ".join(changes) or "other problem contents") + ": the recorded batches would differ"
+
+
+def _read_record(path: Path) -> dict:
+    """The settings record at `path`, or a one-line `RunError` naming `--out`."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise RunError(f"--out: cannot read {path}: {error.strerror or error}; use another --out") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise RunError(f"--out: expected {path} to hold a JSON settings record; got invalid JSON; use another --out") from None
+    if not isinstance(record, dict):
+        raise RunError(f"--out: expected {path} to hold a JSON object; got a {type(record).__name__}; use another --out")
+    return record
+
+
+def check_settings(out_dir: Path, record: dict) -> None:
+    """Record `record` (see `run_record`) in `out_dir`, or refuse a directory holding results a
+    fresh run with these settings would not write."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RunError(f"--out: expected a directory; {out_dir} is a file")
     path = out_dir / SETTINGS_FILE
-    current = settings.comparable()
     if path.exists():
-        previous = json.loads(path.read_text(encoding="utf-8"))
-        changed = sorted(key for key in current if previous.get(key) != current[key])
+        previous = _read_record(path)
+        changed = [
+            f"{key}: {previous.get(key)!r} there, {record[key]!r} now"
+            for key in sorted(record) if key != "tasks" and previous.get(key) != record[key]
+        ]
+        previous_tasks = previous.get("tasks") if isinstance(previous.get("tasks"), dict) else {}
+        for task, plan in record["tasks"].items():
+            change = None if task not in previous_tasks else _task_change(previous_tasks[task], plan)
+            if change:
+                changed.append(f"task {task!r}: {change}")
         if changed:
-            detail = "; ".join(f"{key}: {previous.get(key)!r} there, {current[key]!r} now" for key in changed)
+            detail = "; ".join(changed)
             raise RunError(f"--out: {out_dir} holds results of different settings ({detail}); use another --out")
-        return
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(current, indent=1) + "\n", encoding="utf-8")
+        record = {**record, "tasks": {**previous_tasks, **record["tasks"]}}
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    except OSError as error:
+        raise RunError(f"--out: cannot write {path}: {error.strerror or error}") from None
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -210,7 +278,7 @@ def run_eval(
 ) -> Path:
     """Run (or resume) every pending sample; returns the path of `results.jsonl`."""
     out_dir = Path(out_dir)
-    check_settings(out_dir, settings)
+    check_settings(out_dir, run_record(model, settings, problems_by_task, samples))
     results_path = out_dir / RESULTS_FILE
     done = {
         sample_key(r["task"], r["id"], r["policy"], r["budget"], r["sample"]) for r in read_results(results_path)
@@ -240,6 +308,22 @@ def run_eval(
     finally:
         bar.close()
     return results_path
+
+
+def planned_records(
+    results_path: Path, problems_by_task: dict[str, list[Problem]], *, policies: Sequence[str],
+    budgets: Sequence[int], samples: int,
+) -> list[dict]:
+    """The recorded samples of this run's plan; other tasks, policies or budgets in the directory are left out."""
+    planned = {
+        sample_key(task, problem.id, run.policy, run.budget, sample)
+        for task, problems in problems_by_task.items() for problem in problems
+        for run in plan_runs(policies, budgets) for sample in range(samples)
+    }
+    return [
+        record for record in read_results(results_path)
+        if sample_key(record["task"], record["id"], record["policy"], record["budget"], record["sample"]) in planned
+    ]
 
 
 def _progress_bar(total: int, initial: int, enabled: bool):

@@ -60,14 +60,14 @@ def _cell(task: str, policy: str, budget: Optional[int], records: list[dict]) ->
         [sum(r["correct"] for r in rows) / len(rows) for _, rows in sorted(by_sample.items())]
     )
     exact = [r["trace_exact"] for r in records if r.get("trace_exact") is not None]
-    batches = {(r["sample"], r["batch"]): r["seconds"] for r in records}
+    batch_seconds = {r["batch"]: r["seconds"] for r in records}  # a batch's rows may span samples: count it once
     tokens = sum(r["output_tokens"] for r in records)
     return Cell(
         task=task, policy=policy, budget=budget, problems=len({r["id"] for r in records}), samples=len(by_sample),
         accuracy=accuracy, stderr=stderr, trace_exact=sum(exact) / len(exact) if exact else None,
         output_tokens=tokens / len(records), no_answer_rate=sum(r["answer"] is None for r in records) / len(records),
         unfinished_rate=sum(not r["finished"] for r in records) / len(records),
-        tokens_per_s=tokens / max(sum(batches.values()), 1e-9),
+        tokens_per_s=tokens / max(sum(batch_seconds.values()), 1e-9),
     )
 
 

@@ -17,7 +17,6 @@ import dataclasses
 import json
 import os
 import random
-import re
 import socket
 import urllib.parse
 from pathlib import Path
@@ -96,7 +95,7 @@ TESTBED_TASK = "testbed"
 
 
 def load_jsonl(path: Path) -> list[Problem]:
-    """Problems of a local JSONL file (schema in the module docstring); task name = file stem."""
+    """Problems of a local JSONL file (schema in the module docstring), recorded under `task_label(path)`."""
     problems, seen = [], set()
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -130,7 +129,7 @@ def load_jsonl(path: Path) -> list[Problem]:
         seen.add(identifier)
         problems.append(
             Problem(
-                path.stem, identifier, str(row["question"]), str(row["answer"]).strip(),
+                task_label(str(path)), identifier, str(row["question"]), str(row["answer"]).strip(),
                 tuple(choices) if choices else None, row.get("reference"),
             )
         )
@@ -198,7 +197,7 @@ def load_task(name: str, *, limit: Optional[int] = None, testbed_problems: int =
 
 
 def task_label(name: str) -> str:
-    """The name a task is recorded under: its own name, or a JSONL file's stem."""
+    """The name a task is recorded under: its own name, or a file's stem (`data/mine.txt`: `mine`)."""
     if name in HUB_TASKS or name == TESTBED_TASK:
         return name
-    return re.sub(r"\.jsonl$", "", Path(name).name)
+    return Path(name).stem

@@ -1,0 +1,129 @@
+"""Resuming `vase-triton eval` into an existing `--out`: what is accepted, what is refused, and the
+one-line errors for a broken output directory."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from vase_triton.cli import main
+from vase_triton.eval.tasks import load_task, task_label
+
+TESTBED = ["eval", "--policies", "full", "--max-new-tokens", "6", "--no-progress"]
+VARYING_FIELDS = ("seconds",)  # wall time: the only field a rerun may change
+
+
+@pytest.fixture(autouse=True)
+def cpu_reference(monkeypatch):
+    """Whole generations run the PyTorch reference."""
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+
+
+def _records(out) -> list[dict]:
+    lines = (out / "results.jsonl").read_text().splitlines()
+    records = [{k: v for k, v in json.loads(line).items() if k not in VARYING_FIELDS} for line in lines]
+    return sorted(records, key=lambda r: (r["id"], r["sample"]))
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("vase-triton: error:") and len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "first, second, named",
+    [
+        (["--problems", "4", "--samples", "2", "--batch-size", "4"], ["--problems", "8", "--samples", "2", "--batch-size", "4"],
+         "problems 4 there, 8 now"),
+        (["--problems", "4", "--samples", "2", "--batch-size", "4"], ["--problems", "4", "--samples", "1", "--batch-size", "4"],
+         "samples 2 there, 1 now"),
+        (["--problems", "4", "--limit", "3", "--batch-size", "2"], ["--problems", "4", "--limit", "2", "--batch-size", "2"],
+         "problems 3 there, 2 now"),
+        (["--problems", "2", "--dtype", "float32"], ["--problems", "2", "--dtype", "bfloat16"], "dtype"),
+    ],
+    ids=["more-problems-other-batches", "fewer-samples", "smaller-limit", "dtype"],
+)
+def test_resume_refuses_settings_that_change_recorded_results(tmp_path, capsys, first, second, named):
+    out = tmp_path / "run"
+    assert main(TESTBED + first + ["--out", str(out)]) == 0
+    before = (out / "results.jsonl").read_bytes()
+    capsys.readouterr()
+    assert main(TESTBED + second + ["--out", str(out)]) == 1
+    err = _one_line_error(capsys)
+    assert err.startswith("vase-triton: error: --out") and named in err
+    assert (out / "results.jsonl").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "first, final",
+    [
+        (["--problems", "2", "--samples", "1", "--batch-size", "2"], ["--problems", "4", "--samples", "1", "--batch-size", "2"]),
+        (["--problems", "2", "--samples", "1", "--batch-size", "2"], ["--problems", "2", "--samples", "2", "--batch-size", "2"]),
+    ],
+    ids=["more-problems", "more-samples"],
+)
+def test_resume_that_keeps_every_batch_matches_a_fresh_run(tmp_path, capsys, first, final):
+    resumed, fresh = tmp_path / "resumed", tmp_path / "fresh"
+    assert main(TESTBED + first + ["--out", str(resumed)]) == 0
+    assert main(TESTBED + final + ["--out", str(resumed)]) == 0
+    assert main(TESTBED + final + ["--out", str(fresh)]) == 0
+    assert _records(resumed) == _records(fresh)
+    assert len(_records(fresh)) == 4
+
+
+def test_summary_covers_only_the_budgets_of_this_run(tmp_path):
+    out = tmp_path / "run"
+    argv = ["eval", "--problems", "2", "--policies", "vase", "--max-new-tokens", "6", "--no-progress", "--out", str(out)]
+    assert main(argv + ["--budgets", "41,82"]) == 0
+    assert main(argv + ["--budgets", "41"]) == 0
+    with (out / "summary.csv").open() as handle:
+        assert [(row["policy"], row["budget"]) for row in csv.DictReader(handle)] == [("vase", "41")]
+
+
+def test_truncated_settings_record_is_a_one_line_error(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = TESTBED + ["--problems", "2", "--out", str(out)]
+    assert main(argv) == 0
+    (out / "run.json").write_text((out / "run.json").read_text()[:20])
+    capsys.readouterr()
+    assert main(argv) == 1
+    err = _one_line_error(capsys)
+    assert err.startswith("vase-triton: error: --out") and "run.json" in err
+
+
+def test_out_naming_a_file_is_a_one_line_error(tmp_path, capsys):
+    out = tmp_path / "results.txt"
+    out.write_text("not a directory\n")
+    assert main(TESTBED + ["--problems", "2", "--out", str(out)]) == 1
+    err = _one_line_error(capsys)
+    assert err.startswith("vase-triton: error: --out") and str(out) in err
+
+
+def test_unknown_backend_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "fastest")
+    assert main(TESTBED + ["--problems", "2", "--out", str(tmp_path / "run")]) == 1
+    err = _one_line_error(capsys)
+    assert "VASE_BACKEND" in err and "fastest" in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("seconds", ["0", "-1"])
+def test_non_positive_grading_timeout_is_refused_by_name(seconds, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--grading-timeout", seconds])
+    assert exit_info.value.code == 2
+    err = _one_line_error(capsys)
+    assert "--grading-timeout" in err and "positive" in err
+
+
+@pytest.mark.parametrize(
+    "file_name, label", [("mine.txt", "mine"), ("mine.jsonl", "mine"), ("mine.v2.jsonl", "mine.v2"), ("mine", "mine")]
+)
+def test_a_task_file_is_recorded_under_its_label(tmp_path, file_name, label):
+    path = tmp_path / file_name
+    path.write_text(json.dumps({"id": "p1", "question": "What is 2 + 3?", "answer": "5"}) + "\n")
+    assert task_label(str(path)) == label
+    assert [problem.task for problem in load_task(str(path))] == [label]
