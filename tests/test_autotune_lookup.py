@@ -207,6 +207,53 @@ def test_unusable_stored_parameters_fall_back_to_the_heuristic_with_a_warning(
     assert options(partial.launches[0], "BLOCK_N", "num_warps") == (heuristic.block_n, heuristic.num_warps)
 
 
+def decode_with_warnings(device) -> tuple[torch.Tensor, list[str]]:
+    """Two decode launches on `decode_inputs`: the output and the autotune store warnings raised."""
+    q, k, v, lens, _ = decode_inputs(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        vase_triton.ops.decode_attention(q, k, v, lens)
+        out = vase_triton.ops.decode_attention(q, k, v, lens)
+    ref = reference.decode_attention(q.double(), k.double(), v.double(), lens, scale=0.125)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    return out, [str(w.message) for w in caught if issubclass(w.category, store.AutotuneStoreWarning)]
+
+
+@pytest.mark.parametrize("stored_key", ["garbage", "B=abc,C=128,H=4/2,D=64,dtype=float32,scores=0"])
+def test_a_malformed_stored_key_leaves_launches_to_the_heuristic_with_one_warning(
+    store_dir, monkeypatch, device, stored_key
+):
+    shape = DecodeShape(2, 4, 2, 100, 64, "float32", False)
+    put(store_dir, "decode", shape, STORED_DECODE, device)
+    path = store.StoreFile(store_dir, profile_for(device)).path
+    path.write_text(path.read_text().replace(SPACES["decode"].key(shape), stored_key))
+    partial = spy_on(monkeypatch, decode_attention, "_decode_partial_kernel")
+    _, messages = decode_with_warnings(device)
+    assert len(messages) == 1 and f"ignoring {path}" in messages[0] and repr(stored_key) in messages[0]
+    heuristic = decode_attention.decode_heuristic(shape, device)
+    assert [options(launch, "BLOCK_N", "num_warps") for launch in partial.launches] == [
+        (heuristic.block_n, heuristic.num_warps)
+    ] * 2
+
+
+def test_an_unforeseen_failure_reading_stored_entries_leaves_launches_to_the_heuristic(store_dir, monkeypatch, device):
+    shape = DecodeShape(2, 4, 2, 100, 64, "float32", False)
+    put(store_dir, "decode", shape, STORED_DECODE, device)
+
+    def fail(*args, **kwargs):
+        raise KeyError("unforeseen")
+
+    monkeypatch.setattr(lookup.StoreView, "find", fail)
+    partial = spy_on(monkeypatch, decode_attention, "_decode_partial_kernel")
+    _, messages = decode_with_warnings(device)
+    assert len(messages) == 2, messages  # one per kernel: the split-K stage and the combine
+    assert all("KeyError: 'unforeseen'" in message and "using the heuristic" in message for message in messages)
+    heuristic = decode_attention.decode_heuristic(shape, device)
+    assert [options(launch, "BLOCK_N", "num_warps") for launch in partial.launches] == [
+        (heuristic.block_n, heuristic.num_warps)
+    ] * 2
+
+
 def make_cache(device, batch=2, heads=2, slots=40, head_dim=64, filled=40) -> CacheTensors:
     gen = torch.Generator().manual_seed(2)
     cache = CacheTensors.empty(batch, heads, slots, head_dim, dtype=torch.float32, device=device)

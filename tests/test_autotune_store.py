@@ -13,10 +13,19 @@ import triton
 
 from vase_triton.autotune import lookup, shapes, store
 from vase_triton.autotune.device import DeviceProfile
+from vase_triton.autotune.model_shapes import AttentionLayout, tuning_launches
 from vase_triton.autotune.shapes import DecodeShape
+from vase_triton.autotune.spaces import SPACES
 
 PROFILE = DeviceProfile("NVIDIA Test GPU", 100, (9, 0), 227 * 1024)
 HASH = "0123456789abcdef"
+
+
+def decode_key(batch: int, capacity: int) -> str:
+    return f"B={batch},C={capacity},H=32/8,D=128,dtype=bfloat16,scores=0"
+
+
+KEY = decode_key(16, 4096)
 
 
 def make_entry(block_n: int, ms: float) -> store.Entry:
@@ -62,21 +71,22 @@ def test_key_distance_counts_octaves_and_refuses_other_layouts():
 
 def test_round_trip_keeps_every_field(tmp_path):
     entry = make_entry(32, 0.01)
-    write_entries(tmp_path, {"B=16,C=4096": entry})
+    write_entries(tmp_path, {KEY: entry})
     document = store.StoreFile(tmp_path, PROFILE).read()
     assert document["versions"]["triton"] == triton.__version__
     assert document["versions"]["torch"] == torch.__version__
-    assert store.entries(document, "decode", HASH) == {"B=16,C=4096": entry}
+    assert store.entries(document, "decode", HASH) == {KEY: entry}
     assert store.StoreFile(tmp_path, PROFILE).path.name == f"NVIDIA_Test_GPU-100sm-triton-{triton.__version__}.json"
 
 
 def test_an_entry_replaces_the_trials_of_its_key(tmp_path):
     file = store.StoreFile(tmp_path, PROFILE)
     params = dict(block_n=32, num_warps=4, num_stages=3, num_splits=2)
-    file.update(lambda doc: store.put_trial(doc, "decode", HASH, "B=1,C=64", params, {"ms": 0.5}))
-    assert store.trials(file.read(), "decode", HASH, "B=1,C=64") == {store.params_id(params): {"ms": 0.5}}
-    file.update(lambda doc: store.put_entry(doc, "decode", HASH, "B=1,C=64", make_entry(32, 0.5)))
-    assert store.trials(file.read(), "decode", HASH, "B=1,C=64") == {}
+    key = decode_key(1, 64)
+    file.update(lambda doc: store.put_trial(doc, "decode", HASH, key, params, {"ms": 0.5}))
+    assert store.trials(file.read(), "decode", HASH, key) == {store.params_id(params): {"ms": 0.5}}
+    file.update(lambda doc: store.put_entry(doc, "decode", HASH, key, make_entry(32, 0.5)))
+    assert store.trials(file.read(), "decode", HASH, key) == {}
 
 
 def test_nearest_bucket_within_the_distance_limit(tmp_path):
@@ -116,13 +126,13 @@ def test_stale_kernel_source_is_ignored_with_one_warning(tmp_path):
             assert lookup.StoreView(PROFILE, tmp_path).find("decode", key, HASH) is None
     assert len(caught) == 1 and "another version of its kernel source" in str(caught[0].message)
     # Writing for the current source replaces the stale section.
-    write_entries(tmp_path, {"B=1,C=64": make_entry(64, 0.02)})
+    write_entries(tmp_path, {decode_key(1, 64): make_entry(64, 0.02)})
     document = store.StoreFile(tmp_path, PROFILE).read()
-    assert list(store.entries(document, "decode", HASH)) == ["B=1,C=64"]
+    assert list(store.entries(document, "decode", HASH)) == [decode_key(1, 64)]
 
 
 def _valid_text(directory) -> str:
-    write_entries(directory, {"B=16,C=4096": make_entry(32, 0.01)})
+    write_entries(directory, {KEY: make_entry(32, 0.01)})
     return store.StoreFile(directory, PROFILE).path.read_text()
 
 
@@ -135,7 +145,22 @@ UNUSABLE = {
     "foreign-device": lambda text: json.dumps({**json.loads(text), "device": {"name": "other", "multiprocessors": 7}}),
     "bad-entry": lambda text: text.replace('"ms": 0.01', '"ms": "fast"'),
     "not-an-object": lambda text: "[1, 2]",
+    "unparseable-key": lambda text: text.replace(KEY, "garbage"),
+    "empty-size": lambda text: text.replace(KEY, KEY.replace("B=16", "B=")),
+    "non-integer-size": lambda text: text.replace(KEY, KEY.replace("B=16", "B=abc")),
+    "non-integer-heads": lambda text: text.replace(KEY, KEY.replace("H=32/8", "H=32/x")),
+    "non-flag": lambda text: text.replace(KEY, KEY.replace("scores=0", "scores=yes")),
+    "another-kernels-fields": lambda text: text.replace(KEY, "B=16,N=4096,H=8"),
+    "missing-field": lambda text: text.replace(KEY, "B=16,C=4096"),
+    "repeated-field": lambda text: text.replace(KEY, KEY.replace("C=4096", "B=4096")),
+    "unparseable-trial-key": lambda text: _with_trials_of(text, "garbage"),
 }
+
+
+def _with_trials_of(text: str, key: str) -> str:
+    document = json.loads(text)
+    document["kernels"]["decode"]["trials"][key] = {}
+    return json.dumps(document)
 
 
 @pytest.mark.parametrize("damage", list(UNUSABLE), ids=list(UNUSABLE))
@@ -146,13 +171,28 @@ def test_unusable_file_is_ignored_with_one_warning(tmp_path, damage):
         warnings.simplefilter("always")
         for _ in range(3):
             view = lookup.StoreView(PROFILE, tmp_path)
-            assert view.find("decode", "B=16,C=4096", HASH) is None
+            assert view.find("decode", KEY, HASH) is None
     assert len(caught) == 1, [str(w.message) for w in caught]
     assert issubclass(caught[0].category, store.AutotuneStoreWarning)
     assert str(path) in str(caught[0].message)
     # A writer starts over from an empty document.
-    write_entries(tmp_path, {"B=1,C=64": make_entry(64, 0.02)})
-    assert list(store.entries(store.StoreFile(tmp_path, PROFILE).read(), "decode", HASH)) == ["B=1,C=64"]
+    write_entries(tmp_path, {decode_key(1, 64): make_entry(64, 0.02)})
+    assert list(store.entries(store.StoreFile(tmp_path, PROFILE).read(), "decode", HASH)) == [decode_key(1, 64)]
+
+
+def test_every_key_the_tuner_writes_passes_the_check_of_its_kernel():
+    layout = AttentionLayout(32, 8, 128, "test")
+    launches = [
+        launch
+        for policy in ("vase", "vase-dkv", "rkv", "h2o", "tova")
+        for launch in tuning_launches(
+            layout, batches=[1, 16], budgets=[64, 2048], prompt_lens=[100, 32768], dtypes=["bfloat16"],
+            window=16, score_mode="recompute", policy=policy,
+        )
+    ]  # fmt: skip
+    assert {kernel for kernel, _ in launches} == set(SPACES)
+    for kernel, shape in launches:
+        shapes.check_key(SPACES[kernel].key(shape), SPACES[kernel].key_fields)
 
 
 def test_a_failed_update_leaves_the_file_and_no_temporary(tmp_path):
@@ -179,7 +219,7 @@ def test_clear_removes_the_file(tmp_path):
 def _write_many(directory: str, writer: int, count: int) -> None:
     file = store.StoreFile(directory, PROFILE)
     for index in range(count):
-        key = f"B={writer},C={index}"
+        key = decode_key(writer, index)
         params = dict(block_n=32, num_warps=4, num_stages=3, num_splits=index + 1)
         file.update(lambda doc: store.put_trial(doc, "decode", HASH, key, params, {"ms": 1.0}))
         file.update(lambda doc: store.put_entry(doc, "decode", HASH, key, make_entry(32, 0.01 * (index + 1))))
@@ -196,6 +236,6 @@ def test_concurrent_writers_leave_a_valid_file_with_every_entry(tmp_path):
         assert process.exitcode == 0
     document = store.StoreFile(tmp_path, PROFILE).read()
     found = store.entries(document, "decode", HASH)
-    assert set(found) == {f"B={w},C={i}" for w in range(writers) for i in range(count)}
+    assert set(found) == {decode_key(w, i) for w in range(writers) for i in range(count)}
     assert document["kernels"]["decode"]["trials"] == {}
     assert not list(tmp_path.glob("*.tmp"))

@@ -37,6 +37,23 @@ def test_generate_on_builtin_testbed_compares_full_cache_and_policy(capsys, monk
     assert f"budget {compression_budget(4)} + window 16 (4.0x)" in _row(out, "cache")
 
 
+def test_generate_on_builtin_testbed_picks_the_problem_of_a_large_seed_cheaply(capsys, monkeypatch):
+    from vase_triton.testbed import demo
+
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    all_problems = demo.testbed_problems
+
+    def first_problems(count):
+        assert count <= 1024, f"drew {count} problems to show one"
+        return all_problems(count)
+
+    monkeypatch.setattr(demo, "testbed_problems", first_problems)
+    assert main(["generate", "--seed", str(2**31 - 1), "--max-new-tokens", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "testbed problem 1023 (held-out)" in out
+    assert f"expected answer: {all_problems(1024)[1023].answer} after" in out
+
+
 # A Qwen3-style template: thinking on unless `enable_thinking=False` (then an empty think block).
 CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>"
@@ -143,6 +160,19 @@ def test_every_bad_input_is_one_line(saved_model_dir, tmp_path, capsys, monkeypa
     one_line_error(capsys, model + ["--chat"], "--chat: this tokenizer has no chat template")
     monkeypatch.setenv("VASE_BACKEND", "fastest")
     one_line_error(capsys, ["generate"], "VASE_BACKEND: expected one of auto, triton, torch")
+
+
+def test_unusable_environment_settings_are_one_line_errors(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("VASE_BACKEND", "triton")
+    one_line_error(capsys, ["generate"], "VASE_BACKEND=triton on cpu tensors needs the Triton interpreter")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("VASE_BACKEND", "auto")
+    monkeypatch.setenv("VASE_AUTOTUNE", "bogus")
+    one_line_error(capsys, ["generate"], "VASE_AUTOTUNE: expected one of off, cached, online; got 'bogus'")
 
 
 def test_unsupported_architecture_is_one_line(tmp_path, capsys):

@@ -74,6 +74,23 @@ def test_wrong_types_and_unknown_fields():
         VaSEConfig(budget=100.0)
     with pytest.raises(TypeError, match="protect_values: expected True, False or None"):
         VaSEConfig(protect_values="yes")
+    with pytest.raises(TypeError, match="rkv_lambda: expected a float; got bool True"):
+        VaSEConfig(rkv_lambda=True)
+    with pytest.raises(TypeError, match="rkv_lambda: expected a float; got str '0.5'"):
+        VaSEConfig(rkv_lambda="0.5")
     with pytest.raises(TypeError, match="unknown VaSEConfig field"):
         VaSEConfig().replace(bugdet=10)
     assert VaSEConfig().replace(budget=512).budget == 512
+
+
+@pytest.mark.parametrize("protect_values", [True, None])
+def test_n_protect_with_a_policy_that_never_evicts_says_it_never_evicts(protect_values):
+    with pytest.raises(ValueError) as error:
+        VaSEConfig(policy="full", protect_values=protect_values, n_protect=10)
+    assert str(error.value) == "n_protect: policy 'full' never evicts, so n_protect would be ignored; drop n_protect"
+
+
+def test_n_protect_without_value_protection_says_how_to_turn_it_on():
+    with pytest.raises(ValueError, match="value protection is off for policy 'snapkv'.*pass protect_values=True"):
+        VaSEConfig(policy="snapkv", n_protect=10)
+    assert VaSEConfig(policy="snapkv", protect_values=True, n_protect=10).resolved_n_protect == 10

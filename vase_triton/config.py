@@ -102,7 +102,9 @@ class VaSEConfig:
             raise ValueError(f"pool_kernel: expected an odd width >= 1; got {self.pool_kernel}")
         if self.dkv_rank < 1:
             raise ValueError(f"dkv_rank: expected >= 1; got {self.dkv_rank}")
-        if not isinstance(self.rkv_lambda, (int, float)) or not 0.0 <= float(self.rkv_lambda) <= 1.0:
+        if isinstance(self.rkv_lambda, bool) or not isinstance(self.rkv_lambda, (int, float)):
+            raise TypeError(f"rkv_lambda: expected a float; got {type(self.rkv_lambda).__name__} {self.rkv_lambda!r}")
+        if not 0.0 <= self.rkv_lambda <= 1.0:
             raise ValueError(f"rkv_lambda: expected a number in [0, 1]; got {self.rkv_lambda!r}")
         self._check_temperature(policy)
         if self.seed < 0 or self.seed >= 2**31:
@@ -114,6 +116,10 @@ class VaSEConfig:
                 raise ValueError(
                     f"n_protect: expected 0 <= n_protect <= budget - window = {kept_candidates} (sinks "
                     f"included; the protected tokens must fit among the kept candidates); got {self.n_protect}"
+                )
+            if not self.evicts:
+                raise ValueError(
+                    f"n_protect: policy {self.policy!r} never evicts, so n_protect would be ignored; drop n_protect"
                 )
             if not self.protects_values:
                 raise ValueError(

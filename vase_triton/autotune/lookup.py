@@ -148,17 +148,27 @@ def _resolve(kernel: str, shape: tuple, device: torch.device, current: _Settings
         return None
     space = SPACES[kernel]
     profile = profile_for(device)
-    view = store_view(profile, current.directory)
-    key, source_hash = space.key(shape), space.source_hash()
-    found = view.find(kernel, key, source_hash)
-    if found is not None:
-        params = found.entry.winner.params
-        if space.valid(params) and space.fits(params, shape, profile):
-            return params
+    # Stored files are validated when read; this guard keeps out of the launch any failure
+    # that content the checks did not foresee could still cause.
+    try:
+        view = store_view(profile, current.directory)
+        key, source_hash = space.key(shape), space.source_hash()
+        found = view.find(kernel, key, source_hash)
+        if found is not None:
+            params = found.entry.winner.params
+            if space.valid(params) and space.fits(params, shape, profile):
+                return params
+            store.warn_once(
+                ("params", kernel, found.key, store.params_id(params)),
+                f"vase_triton autotune: stored {kernel} configuration {store.params_id(params)} for {found.key} "
+                f"is invalid or does not fit {profile.name} at {key}; using the heuristic",
+            )
+            return None
+    except Exception as error:
         store.warn_once(
-            ("params", kernel, found.key, store.params_id(params)),
-            f"vase_triton autotune: stored {kernel} configuration {store.params_id(params)} for {found.key} "
-            f"is invalid or does not fit {profile.name} at {key}; using the heuristic",
+            ("lookup", kernel, type(error).__name__, str(error)),
+            f"vase_triton autotune: reading the stored {kernel} configurations failed "
+            f"({type(error).__name__}: {error}); using the heuristic",
         )
         return None
     if current.mode == "online" and _can_tune_now(device):

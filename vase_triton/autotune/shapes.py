@@ -16,6 +16,9 @@ from typing import NamedTuple
 
 # Key fields holding bucketed sizes; every other field must match exactly.
 NUMERIC_FIELDS = frozenset({"B", "Tq", "Tk", "W", "C", "T", "N", "budget"})
+# Key fields holding flags (0 or 1), and the head layout (`Hq/Hkv`, or `Hkv` alone).
+FLAG_FIELDS = frozenset({"causal", "values", "scores"})
+HEADS_FIELD = "H"
 
 
 def bucket(size: int) -> int:
@@ -45,6 +48,28 @@ def parse_key(key: str) -> dict[str, str]:
             raise ValueError(f"key: expected comma-separated name=value fields; got {key!r}")
         fields[name] = value
     return fields
+
+
+def _is_count(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def check_key(key: str, fields: tuple[str, ...]) -> None:
+    """Raise ValueError unless `key` has exactly `fields`, in order, with integer sizes and 0/1 flags."""
+    parsed = parse_key(key)
+    if tuple(parsed) != fields or format_key(parsed) != key:
+        raise ValueError(f"key: expected the fields {','.join(fields)}; got {key!r}")
+    for name, value in parsed.items():
+        if name == "dtype":
+            continue
+        if name in FLAG_FIELDS:
+            valid, expected = value in ("0", "1"), "0 or 1"
+        elif name == HEADS_FIELD:
+            valid, expected = all(_is_count(part) for part in value.split("/", 1)), "Hq/Hkv or Hkv in integers"
+        else:
+            valid, expected = _is_count(value), "a non-negative integer"
+        if not valid:
+            raise ValueError(f"key: expected {name} to be {expected}; got {name}={value} in {key!r}")
 
 
 def key_distance(wanted: dict[str, str], stored: dict[str, str]) -> float:

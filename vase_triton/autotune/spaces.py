@@ -95,6 +95,7 @@ class KernelSpace(abc.ABC):
     """The search space of one kernel: its parameters, grid, resource estimate and heuristic."""
 
     name: str
+    key_fields: tuple[str, ...]  # the fields of its keys, in order
     module: str
     config_type: type
     description: str
@@ -163,6 +164,7 @@ def _probing_registers(params: dict, per_thread: float) -> float:
 
 class PrefillForwardSpace(KernelSpace):
     name = "prefill_forward"
+    key_fields = ("B", "Tq", "Tk", "H", "D", "dtype", "causal", "values")
     module = "vase_triton.kernels.prefill_attention"
     description = "prefill attention forward: [BLOCK_M, BLOCK_N] query x key tiles"
     BLOCK_M = (64, 128)
@@ -204,6 +206,7 @@ def _tile_grid(space: KernelSpace, *, rows: int, keys: int) -> Iterator[dict]:
 
 class PrefillScoresSpace(KernelSpace):
     name = "prefill_scores"
+    key_fields = ("B", "W", "Tk", "H", "D", "dtype", "causal")
     module = "vase_triton.kernels.prefill_attention"
     description = "window scores: [BLOCK_M, BLOCK_N] (group x window queries) x key tiles"
     BLOCK_M = (32, 64, 128)
@@ -229,6 +232,7 @@ class PrefillScoresSpace(KernelSpace):
 
 class DecodeSpace(KernelSpace):
     name = "decode"
+    key_fields = ("B", "C", "H", "D", "dtype", "scores")
     module = "vase_triton.kernels.decode_attention"
     description = "split-K decode: [BLOCK_N] key blocks, warps, stages and splits per (sequence, KV head)"
     BLOCK_N = (32, 64, 128)
@@ -269,6 +273,7 @@ class DecodeSpace(KernelSpace):
 
 class DecodeCombineSpace(KernelSpace):
     name = "decode_combine"
+    key_fields = ("B", "C", "H", "D", "dtype", "scores")
     module = "vase_triton.kernels.decode_attention"
     description = "decode reduction: warps and [BLOCK_N] score blocks (timed with the split-K stage)"
     BLOCK_N = (64, 128, 256)
@@ -294,6 +299,7 @@ class DecodeCombineSpace(KernelSpace):
 
 class AppendSpace(KernelSpace):
     name = "append"
+    key_fields = ("B", "T", "H", "D", "dtype")
     module = "vase_triton.kernels.cache_append"
     description = "cache append: [BLOCK_H, BLOCK_T] (head, token) tiles of all dims"
     BLOCK_H = (1, 2, 4, 8, 16)
@@ -328,6 +334,7 @@ class AppendSpace(KernelSpace):
 
 class EvictSelectSpace(KernelSpace):
     name = "evict_select"
+    key_fields = ("B", "N", "H")
     module = "vase_triton.kernels.eviction"
     description = "eviction selection in registers: BLOCK_R whole rows per program, PROBES thresholds a round"
     BLOCK_R = (1, 2, 4, 8, 16)
@@ -358,6 +365,7 @@ class EvictSelectSpace(KernelSpace):
 
 class EvictSelectTiledSpace(KernelSpace):
     name = "evict_select_tiled"
+    key_fields = ("B", "N", "H")
     module = "vase_triton.kernels.eviction"
     description = "eviction selection of long rows: one row per program in [BLOCK_N] tiles, PROBES thresholds a round"
     BLOCK_N = (512, 1024, 2048, 4096)
@@ -386,6 +394,7 @@ class EvictSelectTiledSpace(KernelSpace):
 
 class EvictCompactSpace(KernelSpace):
     name = "evict_compact"
+    key_fields = ("B", "N", "budget", "H", "D", "dtype")
     module = "vase_triton.kernels.eviction"
     description = "eviction compaction: [BLOCK_R, BLOCK_M, BLOCK_D] rows x slots x dims tiles"
     BLOCK_R = (1,)
@@ -415,6 +424,7 @@ class EvictCompactSpace(KernelSpace):
 
 class ProjectedEnergySpace(KernelSpace):
     name = "projected_energy"
+    key_fields = ("B", "N", "H", "D", "R", "dtype")
     module = "vase_triton.kernels.projected_energy"
     description = "vase-dkv importance: BLOCK_N slots per program through the projection in BLOCK_D-wide slices"
     BLOCK_N = (16, 64, 128)  # tl.dot needs 16 rows at least
@@ -450,6 +460,7 @@ class ProjectedEnergySpace(KernelSpace):
 
 class KeySimilaritySpace(KernelSpace):
     name = "key_similarity"
+    key_fields = ("B", "N", "H", "D", "dtype")
     module = "vase_triton.kernels.key_similarity"
     description = "rkv redundancy: BLOCK_N-slot key tiles, CHUNK slots per unit-key sum program"
     BLOCK_N = (16, 32, 64, 128, 256)

@@ -20,8 +20,8 @@ tuning has not finished, so an interrupted run resumes; they are dropped once th
 is written. Writers hold `<file>.lock`, re-read the file, apply their change and replace
 it atomically (temporary file + `os.replace`), so concurrent tuners never lose or
 corrupt each other's results and readers never see a partial file. A file that is not
-valid JSON, is truncated, has another schema or belongs to another Triton version or
-device is ignored with one warning.
+valid JSON, is truncated, has another schema, belongs to another Triton version or
+device, or holds a malformed entry or key is ignored with one warning.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import torch
 import triton
 from filelock import FileLock
 
+from vase_triton.autotune import shapes
 from vase_triton.autotune.device import DeviceProfile
 
 SCHEMA_VERSION = 1
@@ -184,6 +185,23 @@ def _check_document(document: object, profile: DeviceProfile) -> Optional[str]:
         for key, by_params in trials.items():
             if not isinstance(by_params, dict) or not all(isinstance(t, dict) for t in by_params.values()):
                 return f"kernel {kernel!r}, trials of {key!r}: expected objects"
+        problem = _check_keys(kernel, [*entries, *trials])
+        if problem is not None:
+            return problem
+    return None
+
+
+def _check_keys(kernel: str, keys: list[str]) -> Optional[str]:
+    """Why one of `kernel`'s stored keys is malformed, or None (keys of kernels this version lacks are never read)."""
+    from vase_triton.autotune.spaces import SPACES
+
+    if kernel not in SPACES:
+        return None
+    for key in keys:
+        try:
+            shapes.check_key(key, SPACES[kernel].key_fields)
+        except ValueError as error:
+            return f"kernel {kernel!r}: {error}"
     return None
 
 

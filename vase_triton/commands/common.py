@@ -139,12 +139,15 @@ def config_from_arguments(args: argparse.Namespace, budget: int, window: int = V
 
 
 def check_backend() -> None:
-    """`VASE_BACKEND` must name a backend this machine can run."""
-    from vase_triton.backend import requested_backend
+    """`VASE_BACKEND` must name a backend this machine can run, and `VASE_AUTOTUNE` a lookup mode."""
+    from vase_triton.autotune.settings import autotune_mode
+    from vase_triton.backend import use_triton
 
+    default_device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        requested_backend()
-    except ValueError as error:
+        use_triton(default_device)
+        autotune_mode()
+    except (ValueError, RuntimeError) as error:
         raise CommandError(str(error)) from None
 
 

@@ -37,6 +37,7 @@ from vase_triton.commands.common import (
     resolve_dtype,
     sampling_settings,
 )
+from vase_triton.testbed.harness import DEMO_PROBLEMS
 
 DEFAULT_PROMPT = "Question: Natalia sold 48 clips in April and half as many in May. How many clips in total?\nAnswer:"
 DEFAULT_BUDGET = 2048
@@ -71,7 +72,8 @@ def add_generate_command(commands) -> None:
     decoding.add_argument("--top-p", type=finite_float(0.0, 1.0), help="nucleus sampling (default: the model's)")
     decoding.add_argument("--top-k", type=non_negative_int, help="top-k sampling (default: the model's)")
     decoding.add_argument("--seed", type=non_negative_int, default=0,
-                          help="seed of decoding and eviction sampling (and the testbed problem shown)")
+                          help="seed of decoding and eviction sampling (and the testbed problem shown: number "
+                          f"seed mod {DEMO_PROBLEMS})")
     add_config_arguments(parser, default_budget=f"{DEFAULT_BUDGET}; 4x compression for the testbed")
     runtime = parser.add_argument_group("runtime")
     runtime.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
@@ -244,8 +246,8 @@ def _generate_testbed(args, device: torch.device, dtype: torch.dtype) -> int:
     config = config_from_arguments(args, args.budget or compression_budget(4), TESTBED_WINDOW)
     quiet_transformers()
     try:
-        side_by_side(config, problem_index=args.seed, max_new_tokens=args.max_new_tokens or MAX_NEW_TOKENS,
-                     device=device, dtype=dtype)
+        side_by_side(config, problem_index=args.seed % DEMO_PROBLEMS,
+                     max_new_tokens=args.max_new_tokens or MAX_NEW_TOKENS, device=device, dtype=dtype)
     except FileNotFoundError as error:
         raise CommandError(str(error)) from None
     return 0

@@ -9,7 +9,7 @@ from vase_triton.config import VaSEConfig
 from vase_triton.eval.extraction import extract_answer
 from vase_triton.eval.prompting import render_prompt
 from vase_triton.eval.runner import EvalSettings, generate_batch
-from vase_triton.testbed.harness import SEQUENCE_TOKENS, testbed_problems
+from vase_triton.testbed.harness import DEMO_PROBLEMS, SEQUENCE_TOKENS, testbed_problems
 from vase_triton.testbed.model import load_testbed
 from vase_triton.testbed.task import MAX_STEPS, USED_NAMES, step_token
 
@@ -26,7 +26,9 @@ def _trace_verdict(output: str, reference: str) -> str:
 
 
 def side_by_side(config: VaSEConfig, *, problem_index: int, max_new_tokens: int, device, dtype: torch.dtype) -> None:
-    """Solve held-out problem `problem_index` with the full cache and with `config`; print both."""
+    """Solve held-out problem `problem_index < DEMO_PROBLEMS` with the full cache and with `config`; print both."""
+    if not 0 <= problem_index < DEMO_PROBLEMS:
+        raise ValueError(f"problem_index: expected 0 <= problem_index < {DEMO_PROBLEMS}; got {problem_index}")
     model, tokenizer = load_testbed(device=device, dtype=dtype)
     problem = testbed_problems(problem_index + 1)[problem_index]
     prompt = render_prompt(tokenizer, problem)

@@ -11,6 +11,10 @@ COMPRESSIONS = (2, 4, 8)
 # <bos>, the prompt, <think>, the trace, <eos>.
 SEQUENCE_TOKENS = 1 + PROMPT_TOKENS + 1 + trace_length(DEFAULT_STEPS) + 1
 MAX_NEW_TOKENS = trace_length(DEFAULT_STEPS) + 1 + 16
+# The demo (`vase-triton generate` without `--model`) shows one of the first `DEMO_PROBLEMS`
+# held-out problems: the stream is one random sequence, so drawing problem i draws the i
+# before it, and a bounded index keeps a pick cheap.
+DEMO_PROBLEMS = 1024
 
 
 def compression_budget(ratio: float) -> int:
