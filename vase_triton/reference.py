@@ -154,13 +154,15 @@ def _softmax_or_zero(logits: torch.Tensor) -> torch.Tensor:
     return weights / weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(logits.dtype).tiny)
 
 
-def _readable_values(v: torch.Tensor, kv_lens: Optional[torch.Tensor]) -> torch.Tensor:
-    """`v` `[B, Hkv, Tk, D]` with the slots at or past `kv_lens[b]` zeroed: they are never read,
-    and a zero probability times NaN or inf garbage there would still be NaN."""
+def _readable_values(v: torch.Tensor, kv_lens: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """`v` `[B, Hkv, Tk, D]` as `dtype`, the slots at or past `kv_lens[b]` zeroed: they are never
+    read, and a zero probability times NaN or inf garbage there would still be NaN. One copy:
+    the conversion's, when it makes one."""
+    values = v.to(dtype)
     if kv_lens is None:
-        return v
-    slots = torch.arange(v.shape[2], device=v.device).view(1, 1, -1, 1)
-    return v.masked_fill(slots >= kv_lens.view(-1, 1, 1, 1), 0)
+        return values
+    past = torch.arange(v.shape[2], device=v.device).view(1, 1, -1, 1) >= kv_lens.view(-1, 1, 1, 1)
+    return values.masked_fill_(past, 0) if values is not v else values.masked_fill(past, 0)
 
 
 def attention_probabilities(
@@ -202,7 +204,7 @@ def prefill_attention(
     kv_heads, k_len = k.shape[1], k.shape[2]
     logits = masked_logits(q, k, scale=scale, causal=causal, kv_lens=kv_lens)
     probs = _softmax_or_zero(logits)
-    out = _grouped_matmul(probs, _readable_values(v, kv_lens).to(probs.dtype)).to(q.dtype)
+    out = _grouped_matmul(probs, _readable_values(v, kv_lens, probs.dtype)).to(q.dtype)
     lse = torch.logsumexp(logits, dim=-1).to(torch.float32)
 
     scores = None
@@ -237,7 +239,7 @@ def decode_attention(
     batch, q_heads = q.shape[0], q.shape[1]
     kv_heads, capacity = k_cache.shape[1], k_cache.shape[2]
     probs = attention_probabilities(q, k_cache, scale=scale, causal=False, kv_lens=cache_lens)
-    out = _grouped_matmul(probs, _readable_values(v_cache, cache_lens).to(probs.dtype)).to(q.dtype)
+    out = _grouped_matmul(probs, _readable_values(v_cache, cache_lens, probs.dtype)).to(q.dtype)
     if scores is not None:
         step = probs[:, :, 0, :].view(batch, kv_heads, q_heads // kv_heads, capacity).sum(dim=2)
         scores.add_(step.to(scores.dtype))

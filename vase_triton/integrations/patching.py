@@ -198,8 +198,7 @@ def _patched_forward(self, *args, **kwargs):
         raise TypeError("forward: with a VaSECache, pass every argument but input_ids by keyword")
     new_tokens = _new_tokens((), kwargs)
     if new_tokens > 1 or cache.seen_tokens == 0:  # not a decode step (`begin_step` checks those)
-        for store in cache.stores:  # an input too long is refused whole, before any chunk is stored
-            store.check_room(new_tokens)
+        cache.stores[0].check_room(new_tokens)  # refused whole, before any chunk is stored (layers fill alike)
     chunk = state.config.prefill_chunk_size
     if new_tokens <= chunk or isinstance(kwargs.get("logits_to_keep"), torch.Tensor):
         return _run_step(self, state, cache, kwargs, new_tokens)
