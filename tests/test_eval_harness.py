@@ -87,7 +87,9 @@ def test_resume_refuses_an_output_directory_of_other_settings(tmp_path, cpu_refe
     out = tmp_path / "run"
     argv = ["eval", "--problems", "2", "--policies", "full", "--samples", "1", "--no-progress", "--out", str(out)]
     assert main(argv + ["--max-new-tokens", "8"]) == 0
-    capsys.readouterr()
+    printed = capsys.readouterr().out
+    assert "| testbed | full (no eviction) |" in printed and "(+ summary.csv)" in printed
+    assert not (out / "accuracy.png").exists()
     assert main(argv + ["--max-new-tokens", "9"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("vase-triton: error: --out") and "max_new_tokens" in err and len(err.splitlines()) == 1
@@ -265,3 +267,12 @@ def test_unreachable_hub_is_detected_without_waiting():
     start = time.perf_counter()
     assert _unreachable(f"http://127.0.0.1:{port}", timeout_s=5.0)
     assert time.perf_counter() - start < 5
+
+
+def test_a_full_cache_only_summary_has_its_values():
+    from vase_triton.eval.summary import markdown_table
+
+    records = [_record("x", "full", None, 0, p, correct, tokens=20) for p, correct in zip("pqrs", (True, True, True, False))]
+    table = markdown_table(summarise(records), "accuracy", "Accuracy")
+    assert "| task | policy | no eviction |" in table
+    assert "| x | full (no eviction) | 75.0 |" in table

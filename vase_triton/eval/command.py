@@ -134,7 +134,7 @@ def _model_plan(args) -> _EvalPlan:
 
 def run_eval_command(args) -> int:
     from vase_triton.eval.runner import EvalSettings, RunError, planned_records, run_eval
-    from vase_triton.eval.summary import SUMMARY_MARKDOWN, markdown_table, write_summary
+    from vase_triton.eval.summary import markdown_table, write_summary
     from vase_triton.eval.tasks import TaskError, load_task, task_label
 
     check_backend()
@@ -183,9 +183,9 @@ def run_eval_command(args) -> int:
     except RunError as error:
         raise CommandError(str(error)) from None
     records = planned_records(results, problems, policies=args.policies, budgets=plan.budgets, samples=plan.samples)
-    cells = write_summary(records, plan.out_dir, plan.header)
+    cells, written = write_summary(records, plan.out_dir, plan.header)
     print(markdown_table(cells, "accuracy", "Accuracy (%), mean ± standard error over samples"))
     if any(cell.trace_exact is not None for cell in cells):
         print(markdown_table(cells, "trace_exact", "Whole-trace exact match (%)"))
-    print(f"results: {results}; summary: {plan.out_dir / SUMMARY_MARKDOWN} (+ summary.csv, accuracy.png, length.png)")
+    print(f"results: {results}; summary: {plan.out_dir / written[0]} (+ {', '.join(written[1:])})")
     return 0

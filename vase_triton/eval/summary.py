@@ -117,15 +117,20 @@ def _percent(value: float, error: float = math.nan) -> str:
 
 
 def markdown_table(cells: list[Cell], metric: str, title: str) -> str:
-    """A markdown table: rows task × policy, columns budgets; `full` shows its one value in every column."""
+    """A markdown table: rows task × policy, columns budgets; `full` shows its one value in every column.
+
+    A run of `full` alone has no budgets: its table has one column, "no eviction".
+    """
     tasks, policies, budgets = _ordered(cells)
     index = {(c.task, c.policy, c.budget): c for c in cells}
-    lines = [f"### {title}", "", "| task | policy | " + " | ".join(f"budget {b}" for b in budgets) + " |"]
-    lines.append("|---|---|" + "---:|" * len(budgets))
+    columns: list[int | None] = list(budgets) if budgets else [None]
+    headers = ["no eviction" if b is None else f"budget {b}" for b in columns]
+    lines = [f"### {title}", "", "| task | policy | " + " | ".join(headers) + " |"]
+    lines.append("|---|---|" + "---:|" * len(columns))
     for task in tasks:
         for policy in policies:
             row = []
-            for budget in budgets:
+            for budget in columns:
                 cell = index.get((task, policy, None if policy == "full" else budget))
                 row.append("" if cell is None else _format_metric(cell, metric))
             if any(row):
@@ -205,15 +210,18 @@ def write_plot(cells: list[Cell], path: Path, metric: str, ylabel: str) -> None:
     plt.close(figure)
 
 
-def write_summary(records: list[dict], out_dir: Path, header: str = "") -> list[Cell]:
-    """Write `summary.md`, `summary.csv`, `accuracy.png` and `length.png` into `out_dir`."""
+def write_summary(records: list[dict], out_dir: Path, header: str = "") -> tuple[list[Cell], list[str]]:
+    """Write `summary.md` and `summary.csv` into `out_dir`, and `accuracy.png` and `length.png` when a
+    policy ran at a budget (the plots are against budget). Returns the cells and the names written."""
     cells = summarise(records)
     if not cells:
-        return cells
+        return cells, []
     out_dir = Path(out_dir)
     write_markdown(cells, out_dir / SUMMARY_MARKDOWN, header)
     write_csv(cells, out_dir / SUMMARY_CSV)
+    written = [SUMMARY_MARKDOWN, SUMMARY_CSV]
     if any(c.budget is not None for c in cells):
         write_plot(cells, out_dir / ACCURACY_PLOT, "accuracy", "accuracy (%)")
         write_plot(cells, out_dir / LENGTH_PLOT, "output_tokens", "mean output tokens")
-    return cells
+        written += [ACCURACY_PLOT, LENGTH_PLOT]
+    return cells, written
