@@ -169,6 +169,10 @@ def test_unusable_environment_settings_are_one_line_errors(capsys, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv("VASE_BACKEND", "triton")
     one_line_error(capsys, ["generate"], "VASE_BACKEND=triton on cpu tensors needs the Triton interpreter")
+    # On a CUDA machine the check is of the device asked for, not the default one.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for command in ("generate", "eval"):
+        one_line_error(capsys, [command, "--device", "cpu"], "VASE_BACKEND=triton on cpu tensors needs the Triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("VASE_BACKEND", "auto")
     monkeypatch.setenv("VASE_AUTOTUNE", "bogus")

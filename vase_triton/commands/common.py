@@ -138,14 +138,13 @@ def config_from_arguments(args: argparse.Namespace, budget: int, window: int = V
         raise CommandError(f"--{option}:{reason}") from None
 
 
-def check_backend() -> None:
-    """`VASE_BACKEND` must name a backend this machine can run, and `VASE_AUTOTUNE` a lookup mode."""
+def check_backend(device: torch.device) -> None:
+    """`VASE_BACKEND` must name a backend that can run on `device`, and `VASE_AUTOTUNE` a lookup mode."""
     from vase_triton.autotune.settings import autotune_mode
     from vase_triton.backend import use_triton
 
-    default_device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        use_triton(default_device)
+        use_triton(device)
         autotune_mode()
     except (ValueError, RuntimeError) as error:
         raise CommandError(str(error)) from None

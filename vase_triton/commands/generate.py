@@ -144,8 +144,8 @@ def run_generate(args) -> int:
     from vase_triton.integrations.hf_cache import VaSECache
     from vase_triton.integrations.models import patch_any
 
-    check_backend()
     device = resolve_device(args.device)
+    check_backend(device)
     dtype = resolve_dtype(args.dtype, device)
     if args.model is None:
         return _generate_testbed(args, device, dtype)

@@ -137,8 +137,8 @@ def run_eval_command(args) -> int:
     from vase_triton.eval.summary import markdown_table, write_summary
     from vase_triton.eval.tasks import TaskError, load_task, task_label
 
-    check_backend()
     device = resolve_device(args.device)
+    check_backend(device)
     dtype = resolve_dtype(args.dtype, device)
     plan = _testbed_plan(args) if args.model is None else _model_plan(args)
     for policy in args.policies:
