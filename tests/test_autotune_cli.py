@@ -76,8 +76,11 @@ def test_model_launches_cover_decode_eviction_and_prefill_keys():
         "evict_select B=16,N=4096,H=8",
     ]
     assert "prefill_forward B=16,Tq=64,Tk=4096,H=32/8,D=128,dtype=bfloat16,causal=0,values=0" in keys
-    assert "prefill_forward B=16,Tq=32768,Tk=32768,H=32/8,D=128,dtype=bfloat16,causal=1,values=1" in keys
-    assert "evict_select_tiled B=16,N=32768,H=8" in keys
+    # The prompt enters in chunks of 4096 (the default prefill_chunk_size); from the second
+    # on, each is staged with the cache's C = 4160 slots and compressed from C + 4096.
+    assert "prefill_forward B=16,Tq=4096,Tk=4096,H=32/8,D=128,dtype=bfloat16,causal=1,values=1" in keys
+    assert "prefill_forward B=16,Tq=4096,Tk=8192,H=32/8,D=128,dtype=bfloat16,causal=1,values=1" in keys
+    assert "evict_select B=16,N=8192,H=8" in keys and not any("Tq=32768" in key for key in keys)
     assert len(keys) == len(set(keys))
     assert ("decode", DecodeShape(16, 32, 8, 4160, 128, "bfloat16", False)) in launches
     emitted = model_shapes.tuning_launches(
@@ -85,6 +88,51 @@ def test_model_launches_cover_decode_eviction_and_prefill_keys():
     )
     assert ("decode", DecodeShape(1, 32, 8, 2112, 128, "float16", True)) in emitted
     assert any(kernel == "prefill_scores" and shape.causal for kernel, shape in emitted)
+
+
+@pytest.mark.parametrize(
+    "policy, score_mode, prompt",
+    [("vase", "recompute", 150), ("vase", "emitted", 150), ("vase", "emitted", 72), ("h2o", "recompute", 100),
+     ("vase-dkv", "recompute", 30), ("rkv", "recompute", 130)],
+)  # fmt: skip
+def test_the_tuned_keys_are_the_keys_a_cache_looks_up(monkeypatch, policy, score_mode, prompt):
+    """A cache's prompt (in chunks, compressed) and decode up to its first eviction look up only tuned keys."""
+    from vase_triton.autotune.spaces import SPACES
+    from vase_triton.cache import VaSECacheLayer
+    from vase_triton.config import VaSEConfig
+    from vase_triton.kernels import cache_append, decode_attention, eviction, key_similarity, prefill_attention
+    from vase_triton.kernels import projected_energy
+
+    looked_up = set()
+
+    def record(kernel, shape, device):
+        looked_up.add((kernel, SPACES[kernel].key(shape)))
+        return None
+
+    for module in (cache_append, decode_attention, eviction, key_similarity, prefill_attention, projected_energy):
+        monkeypatch.setattr(module, "tuned_params", record)
+    budget, window, chunk = 48, 16, 40
+    config = VaSEConfig(policy=policy, budget=budget, window=window, score_mode=score_mode, prefill_chunk_size=chunk)
+    layer = VaSECacheLayer(config, batch_size=2, num_kv_heads=2, head_dim=32, dtype=torch.float32, device="cpu")
+    generator = torch.Generator().manual_seed(0)
+
+    def tokens(length):
+        return [torch.randn(2, heads, length, 32, generator=generator) for heads in (4, 2, 2)]
+
+    layer.prefill(*tokens(prompt), scale=32**-0.5)
+    compressions = layer.n_evictions
+    while layer.n_evictions == compressions:
+        layer.decode(*tokens(1), scale=32**-0.5)
+    tuned = {
+        (kernel, SPACES[kernel].key(shape))
+        for kernel, shape in model_shapes.tuning_launches(
+            model_shapes.AttentionLayout(4, 2, 32, "test"), batches=[2], budgets=[budget], prompt_lens=[prompt],
+            dtypes=["float32"], window=window, score_mode=score_mode, policy=policy, prefill_chunk=chunk,
+        )
+    }  # fmt: skip
+    assert looked_up <= tuned, sorted(looked_up - tuned)
+    # All the tuner adds is the split-K combine stage, which a decode this short may not launch.
+    assert {kernel for kernel, _ in tuned - looked_up} <= {"decode_combine"}, sorted(tuned - looked_up)
 
 
 def _kernels_of(policy: str, score_mode: str = "recompute") -> dict[str, list[tuple]]:
@@ -149,6 +197,19 @@ def test_dry_run_lists_the_pruned_spaces_without_a_gpu(config_path, capsys):
     assert "\n2 keys, " in out
 
 
+def test_dry_run_lists_the_prefill_keys_of_the_prompt_chunks(config_path, capsys):
+    argv = ["autotune", "--config", str(config_path), "--batch", "16", "--budget", "4096", "--prompt-len", "16384",
+            "--kernels", "prefill_forward", "--dry-run"]  # fmt: skip
+    assert main(argv + ["--prefill-chunk-size", "1024"]) == 0
+    out = capsys.readouterr().out
+    assert "prefill_forward B=16,Tq=1024,Tk=4096,H=32/8,D=128,dtype=bfloat16,causal=1,values=1:" in out
+    assert "Tq=16384" not in out
+    assert main(argv) == 0  # default chunks of 4096 tokens
+    out = capsys.readouterr().out
+    assert "prefill_forward B=16,Tq=4096,Tk=8192,H=32/8,D=128,dtype=bfloat16,causal=1,values=1:" in out
+    assert "Tq=16384" not in out
+
+
 def test_dry_run_of_a_policy_lists_its_importance_kernel(config_path, capsys):
     argv = ["autotune", "--config", str(config_path), "--batch", "16", "--budget", "4096", "--prompt-len", "1024",
             "--policy", "vase-dkv", "--dkv-rank", "12", "--kernels", "projected_energy", "--dry-run"]  # fmt: skip
@@ -178,8 +239,9 @@ def test_tuning_without_a_gpu_is_refused_in_one_line(config_path, capsys):
         (["autotune", "--config", "c.json", "--batch", "2,x"], "argument --batch: expected a comma-separated list of positive ints"),
         (["autotune", "--show", "--clear"], "not allowed with argument"),
         (["autotune", "--config", "c.json", "--time-limit", "0"], "argument --time-limit: expected a number of seconds > 0"),
+        (["autotune", "--config", "c.json", "--prefill-chunk-size", "32"], "--prefill-chunk-size: expected >= --window = 64; got 32"),
     ],
-    ids=["no-source", "missing-config", "budget", "kernel", "batch", "show-and-clear", "time-limit"],
+    ids=["no-source", "missing-config", "budget", "kernel", "batch", "show-and-clear", "time-limit", "prefill-chunk"],
 )
 def test_bad_arguments_are_one_line_errors(argv, fragment, capsys):
     try:

@@ -186,7 +186,7 @@ def test_every_key_the_tuner_writes_passes_the_check_of_its_kernel():
         launch
         for policy in ("vase", "vase-dkv", "rkv", "h2o", "tova")
         for launch in tuning_launches(
-            layout, batches=[1, 16], budgets=[64, 2048], prompt_lens=[100, 32768], dtypes=["bfloat16"],
+            layout, batches=[1, 16], budgets=[64, 8192], prompt_lens=[100, 32768], dtypes=["bfloat16"],
             window=16, score_mode="recompute", policy=policy,
         )
     ]  # fmt: skip

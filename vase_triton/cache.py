@@ -46,6 +46,7 @@ from vase_triton.policies import (
     OBSERVE_NOTHING,
     OBSERVE_WINDOW,
     EvictionInputs,
+    Policy,
     policy_importance,
 )
 from vase_triton.seeding import GUMBEL_STREAM, stream_key
@@ -118,6 +119,31 @@ def chunk_bounds(length_bound: int, new_tokens: int, *, capacity: int, window: i
         cut = new_tokens - window
         bounds[-2:] = [(bounds[-2][0], cut), (cut, new_tokens)]
     return bounds
+
+
+def chunk_observation(
+    policy: Policy, emits_scores: bool, *, budget: int, window: int, new_tokens: int, start: int, compress: bool
+) -> tuple[int, bool]:
+    """(score window, reset first) of a chunk of `new_tokens` queries entering a layer at length `start`.
+
+    `compress`: whether the chunk overflows the layer; `emits_scores`: whether the policy's
+    decode emits scores (`Policy.decode_emits_scores`). The score buffer must hold, at every
+    eviction, the attention of the policy's observation queries: emitted window scores
+    restart `window` queries before the eviction that reads them (at length `budget`, or at
+    a compression: the chunk's last `window` queries, or all of a shorter chunk's, since the
+    buffer cannot drop the older queries it holds), `tova` keeps the last query, `h2o` every
+    query.
+    """
+    observation = policy.observation
+    if observation == OBSERVE_WINDOW and emits_scores:
+        if compress:
+            return min(new_tokens, window), True
+        return min(new_tokens, max(0, start + new_tokens - budget)), start <= budget
+    if observation == OBSERVE_LAST_QUERY:
+        return 1, True
+    if observation == OBSERVE_ALL_QUERIES:
+        return new_tokens, False
+    return 0, False
 
 
 def _chunk_lengths(valid_lengths: Optional[torch.Tensor], total: int, start: int, stop: int) -> Optional[torch.Tensor]:
@@ -320,27 +346,6 @@ class VaSECacheLayer:
 
     # ----------------------------------------------------------------------------- prefill and extend
 
-    def _observation_update(self, new_tokens: int, start: int, compress: bool) -> tuple[int, bool]:
-        """(score window, reset first) of a chunk of `new_tokens` queries entering at length `start`.
-
-        The score buffer must hold, at every eviction, the attention of the policy's
-        observation queries: emitted window scores restart `window` queries before the
-        eviction that reads them (at length `budget`, or at a compression: the chunk's last
-        `window` queries, or all of a shorter chunk's, since the buffer cannot drop the
-        older queries it holds), `tova` keeps the last query, `h2o` every query.
-        """
-        observation = self.policy.observation
-        if observation == OBSERVE_WINDOW and self._emits_scores:
-            window, budget = self.config.window, self.config.budget
-            if compress:
-                return min(new_tokens, window), True
-            return min(new_tokens, max(0, start + new_tokens - budget)), start <= budget
-        if observation == OBSERVE_LAST_QUERY:
-            return 1, True
-        if observation == OBSERVE_ALL_QUERIES:
-            return new_tokens, False
-        return 0, False
-
     def _store_queries(self, query: torch.Tensor, real: torch.Tensor) -> None:
         """Put the last `min(T, window)` queries `[B, Hq, T, D]` in the ring (valid where `real` `[B, T]`)."""
         new_tokens, window = query.shape[2], self.config.window
@@ -467,7 +472,10 @@ class VaSECacheLayer:
         target.lengths.copy_(old_lengths + new_lengths)
         target.next_positions.copy_(old_next + new_lengths)
 
-        score_window, reset = self._observation_update(new_tokens, start, compress)
+        score_window, reset = chunk_observation(
+            self.policy, self._emits_scores, budget=self.config.budget, window=self.config.window,
+            new_tokens=new_tokens, start=start, compress=compress,
+        )  # fmt: skip
         out, _, window_scores = prefill_attention(
             query, target.keys, target.values, scale=scale, causal=True, kv_lens=target.lengths,
             score_window=score_window,

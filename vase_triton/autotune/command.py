@@ -2,7 +2,8 @@
 
     vase-triton autotune --model PATH_OR_ID | --config config.json [--batch 1,8,32] [--budget 2048,4096]
         [--prompt-len 1024,8192] [--dtype bfloat16] [--window 64] [--score-mode recompute]
-        [--policy vase] [--dkv-rank 20] [--kernels decode,...] [--time-limit SECONDS] [--retune]
+        [--policy vase] [--dkv-rank 20] [--prefill-chunk-size 4096] [--kernels decode,...]
+        [--time-limit SECONDS] [--retune]
     vase-triton autotune --model ... --dry-run      # the pruned search spaces, no GPU needed
     vase-triton autotune --show | --clear           # this GPU's stored results
 
@@ -69,6 +70,9 @@ def add_autotune_command(subparsers) -> None:
                         help="the eviction policy whose launches are tuned (default vase)")  # fmt: skip
     parser.add_argument("--dkv-rank", type=positive_int, default=VaSEConfig.dkv_rank,
                         help=f"vase-dkv's projection width (default {VaSEConfig.dkv_rank})")  # fmt: skip
+    parser.add_argument("--prefill-chunk-size", type=positive_int, default=VaSEConfig.prefill_chunk_size,
+                        help="the caches' prefill_chunk_size, which cuts prompts into the chunks the prefill "
+                        f"launches see (default {VaSEConfig.prefill_chunk_size})")  # fmt: skip
     parser.add_argument("--kernels", type=comma_list(choice(kernels), ", ".join(kernels)), default=list(kernels),
                         help=f"kernels to tune, of {', '.join(kernels)} (default: all)")  # fmt: skip
     parser.add_argument("--time-limit", type=_positive_seconds,
@@ -105,6 +109,10 @@ def run_autotune(args) -> int:
     too_small = [budget for budget in args.budget if budget <= args.window]
     if too_small:
         raise CommandError(f"--budget: expected values > --window = {args.window}; got {too_small[0]}")
+    if args.prefill_chunk_size < args.window:
+        raise CommandError(
+            f"--prefill-chunk-size: expected >= --window = {args.window}; got {args.prefill_chunk_size}"
+        )
     try:
         layout = read_layout(args.model, args.config)
     except ValueError as error:
@@ -114,6 +122,7 @@ def run_autotune(args) -> int:
         for kernel, shape in tuning_launches(
             layout, batches=args.batch, budgets=args.budget, prompt_lens=args.prompt_len, dtypes=args.dtype,
             window=args.window, score_mode=args.score_mode, policy=args.policy, dkv_rank=args.dkv_rank,
+            prefill_chunk=args.prefill_chunk_size,
         )
         if kernel in args.kernels
     ]  # fmt: skip

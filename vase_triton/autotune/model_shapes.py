@@ -11,10 +11,11 @@ cache of the tuned policy (`vase` by default; 4 sinks, `budget // 4` protected) 
   policies with `recompute` scores the window's attention over the candidates (a forward
   without values and a scores pass), for `vase-dkv` the projected energy, for `rkv` also
   the key similarity;
-- at prefill: causal attention over the prompt and its append, with the scores the
-  policy observes there (the window of a prompt longer than `budget` with `emitted`
-  scores, the last query for `tova`, every query for `h2o`); a prompt longer than `C` is
-  compressed at once, with the same importance and an eviction over `T` slots.
+- at prefill, for each chunk the cache cuts the prompt into (`chunk_bounds`, at most
+  `prefill_chunk` tokens): its causal attention over the cache (`C` slots, or `C + chunk`
+  in the scratch of a chunk that overflows the cache) and its append, with the scores the
+  policy observes there (`chunk_observation`); a chunk that overflows is compressed at
+  once, with the same importance and an eviction over `C + chunk` slots.
 
 Decode-time launches come first, so an interrupted run has tuned what matters most.
 """
@@ -36,9 +37,10 @@ from vase_triton.autotune.shapes import (
     SimilarityShape,
 )
 from vase_triton.autotune.spaces import SPACES
+from vase_triton.cache import chunk_bounds, chunk_observation
 from vase_triton.config import VaSEConfig
 from vase_triton.kernels.eviction import uses_tiled_selection
-from vase_triton.policies import OBSERVE_ALL_QUERIES, OBSERVE_LAST_QUERY, OBSERVE_WINDOW, Policy, get_policy
+from vase_triton.policies import Policy, get_policy
 from vase_triton.validation import SUPPORTED_HEAD_DIMS
 
 # Order of the decode-time launches: the split-K stage before the combine stage tuned with it.
@@ -125,8 +127,12 @@ def tuning_launches(
     score_mode: str,
     policy: str = "vase",
     dkv_rank: int = VaSEConfig.dkv_rank,
+    prefill_chunk: int = VaSEConfig.prefill_chunk_size,
 ) -> list[tuple[str, tuple]]:
-    """(kernel, shape) of every distinct key the model's launches need under `policy`, decode-time launches first."""
+    """(kernel, shape) of every distinct key the model's launches need under `policy`, decode-time launches first.
+
+    `prefill_chunk`: the caches' `prefill_chunk_size`, which cuts each prompt into the chunks the prefill launches see.
+    """
     hq, hkv, dim = layout.q_heads, layout.kv_heads, layout.head_dim
     chosen = get_policy(policy)
     emits = chosen.decode_emits_scores(score_mode)
@@ -135,43 +141,24 @@ def tuning_launches(
         for batch in batches:
             for budget in budgets:
                 capacity = budget + window
-                eviction = _Eviction(batch, layout, budget, window, dtype, chosen, score_mode, dkv_rank)
+                cache = _CacheLaunches(batch, layout, budget, window, dtype, chosen, score_mode, dkv_rank)
                 decode += [
                     ("decode", DecodeShape(batch, hq, hkv, capacity, dim, dtype, emits)),
                     ("decode_combine", DecodeShape(batch, hq, hkv, capacity, dim, dtype, emits)),
                     ("append", AppendShape(batch, hkv, 1, dim, dtype)),
-                    *eviction.launches(capacity),
+                    *cache.eviction(capacity),
                 ]
                 for prompt in prompt_lens:
-                    prefill += [
-                        ("prefill_forward", PrefillShape(batch, hq, hkv, prompt, prompt, dim, dtype, True, True)),
-                        ("append", AppendShape(batch, hkv, prompt, dim, dtype)),
-                    ]
-                    observed = _prefill_observed_queries(chosen, score_mode, prompt, budget, window)
-                    if observed:
-                        prefill.append(("prefill_scores", ScoresShape(batch, hq, hkv, observed, prompt, dim, dtype, True)))
-                    if prompt > capacity:
-                        prefill += eviction.launches(prompt)
+                    prefill += cache.prefill(prompt, prefill_chunk)
     distinct = {}
     for kernel, shape in sorted(decode, key=lambda item: DECODE_ORDER.index(item[0])) + prefill:
         distinct.setdefault((kernel, SPACES[kernel].key(shape)), (kernel, shape))
     return list(distinct.values())
 
 
-def _prefill_observed_queries(policy: Policy, score_mode: str, prompt: int, budget: int, window: int) -> int:
-    """How many of a prompt's last queries add their attention into the scores at prefill (0: none)."""
-    if policy.observation == OBSERVE_WINDOW and policy.decode_emits_scores(score_mode):
-        return min(prompt, window) if prompt > budget else 0
-    if policy.observation == OBSERVE_LAST_QUERY:
-        return 1
-    if policy.observation == OBSERVE_ALL_QUERIES:
-        return prompt
-    return 0
-
-
 @dataclasses.dataclass(frozen=True)
-class _Eviction:
-    """The launches of one eviction under `policy`: its importance, then selection and compaction."""
+class _CacheLaunches:
+    """The launches of a cache of `budget` under `policy`: its evictions and its prompt's chunks."""
 
     batch: int
     layout: AttentionLayout
@@ -182,7 +169,7 @@ class _Eviction:
     score_mode: str
     dkv_rank: int
 
-    def launches(self, slots: int) -> list[tuple[str, tuple]]:
+    def eviction(self, slots: int) -> list[tuple[str, tuple]]:
         """The launches of an eviction of `slots` slots down to `budget`."""
         batch, window, dtype = self.batch, self.window, self.dtype
         hq, hkv, dim = self.layout.q_heads, self.layout.kv_heads, self.layout.head_dim
@@ -200,3 +187,28 @@ class _Eviction:
         shape = EvictShape(batch, hkv, slots, self.budget, window, dim, dtype)
         select = "evict_select_tiled" if uses_tiled_selection(slots, window) else "evict_select"
         return launches + [(select, shape), ("evict_compact", shape)]
+
+    def prefill(self, prompt: int, chunk: int) -> list[tuple[str, tuple]]:
+        """The launches of a prompt of `prompt` tokens entering an empty cache in chunks of at most `chunk`."""
+        batch, budget, window, dtype = self.batch, self.budget, self.window, self.dtype
+        hq, hkv, dim = self.layout.q_heads, self.layout.kv_heads, self.layout.head_dim
+        capacity = budget + window
+        launches, length = [], 0
+        for start, stop in chunk_bounds(0, prompt, capacity=capacity, window=window, chunk=chunk):
+            new_tokens = stop - start
+            compress = length + new_tokens > capacity
+            slots = capacity + new_tokens if compress else capacity
+            launches += [
+                ("prefill_forward", PrefillShape(batch, hq, hkv, new_tokens, slots, dim, dtype, True, True)),
+                ("append", AppendShape(batch, hkv, new_tokens, dim, dtype)),
+            ]
+            emits = self.policy.decode_emits_scores(self.score_mode)
+            observed, _ = chunk_observation(
+                self.policy, emits, budget=budget, window=window, new_tokens=new_tokens, start=length, compress=compress
+            )
+            if observed:
+                launches.append(("prefill_scores", ScoresShape(batch, hq, hkv, observed, slots, dim, dtype, True)))
+            if compress:
+                launches += self.eviction(slots)
+            length = budget if compress else length + new_tokens
+        return launches
