@@ -332,6 +332,23 @@ def test_online_mode_without_cuda_tunes_nothing(store_dir, monkeypatch, device):
     assert not store.StoreFile(store_dir, profile_for(device)).path.exists()
 
 
+def test_online_tuning_put_off_by_a_graph_capture_happens_at_the_next_launch(store_dir, monkeypatch):
+    """A key first launched inside a CUDA graph capture is tuned at its first launch outside one."""
+    from vase_triton.autotune.device import DeviceProfile
+
+    monkeypatch.setenv("VASE_AUTOTUNE", "online")
+    monkeypatch.setattr(lookup, "profile_for", lambda device: DeviceProfile("NVIDIA Fake GPU", 8, (9, 0), 227 * 1024))
+    tuned = []
+    monkeypatch.setattr(lookup, "_tune_online", lambda kernel, shape, device, view: tuned.append(shape) or STORED_DECODE)
+    cuda = torch.device("cuda", 0)
+    capturing = [True]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    assert lookup.tuned_params("decode", DECODE_SHAPE, cuda) is None and tuned == []
+    capturing[0] = False
+    assert lookup.tuned_params("decode", DECODE_SHAPE, cuda) == STORED_DECODE and tuned == [DECODE_SHAPE]
+    assert lookup.tuned_params("decode", DECODE_SHAPE, cuda) == STORED_DECODE and len(tuned) == 1
+
+
 @pytest.mark.gpu
 def test_cuda_graph_replays_the_stored_config_and_online_mode_stores_a_new_key(store_dir, monkeypatch):
     if not torch.cuda.is_available():

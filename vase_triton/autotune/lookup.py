@@ -9,8 +9,9 @@ safe on the decode hot path, under `torch.compile` (the ops are opaque custom op
 during CUDA graph capture. `VASE_AUTOTUNE` and `VASE_AUTOTUNE_DIR` are read at the first
 launch and stored files once per process and device; `reset()` forgets all of it.
 
-In `online` mode a key without an entry is tuned on first use (on a CUDA device, outside
-graph capture and compilation) and stored. No failure here ever breaks a launch: an
+In `online` mode a key without an entry is tuned at its first launch on a CUDA device
+outside graph capture and compilation, and stored; a launch inside them takes the
+heuristic and leaves the answer unmemoised. No failure here ever breaks a launch: an
 unusable file, stale or invalid entry, or a failed online tuning falls back to the heuristic.
 """
 
@@ -33,6 +34,7 @@ MAX_DISTANCE = 3.0
 _log = logging.getLogger(__name__)
 _memo: dict[tuple, Optional[dict]] = {}
 _MISSING = object()
+_DEFERRED = object()  # online tuning put off to a later launch: the answer is not memoised
 _views: dict[tuple, "StoreView"] = {}
 
 
@@ -137,6 +139,8 @@ def tuned_params(kernel: str, shape: tuple, device: torch.device) -> Optional[di
     params = _memo.get(memo_key, _MISSING)
     if params is _MISSING:
         params = _resolve(kernel, shape, device, current)
+        if params is _DEFERRED:
+            return None
         _memo[memo_key] = params
     return params
 
@@ -171,15 +175,11 @@ def _resolve(kernel: str, shape: tuple, device: torch.device, current: _Settings
             f"({type(error).__name__}: {error}); using the heuristic",
         )
         return None
-    if current.mode == "online" and _can_tune_now(device):
-        return _tune_online(kernel, shape, device, view)
-    return None
-
-
-def _can_tune_now(device: torch.device) -> bool:
-    if device.type != "cuda" or torch.compiler.is_compiling():
-        return False
-    return not torch.cuda.is_current_stream_capturing()
+    if current.mode != "online" or device.type != "cuda":
+        return None
+    if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+        return _DEFERRED  # tuned at the first launch of this shape outside them
+    return _tune_online(kernel, shape, device, view)
 
 
 def _tune_online(kernel: str, shape: tuple, device: torch.device, view: StoreView) -> Optional[dict]:
