@@ -121,10 +121,11 @@ def load_runs(paths: Sequence[Path], prefix: str = "#") -> list[Row]:
     """Rows of every benchmark in `paths` (pytest-benchmark JSON written by the suites)."""
     rows = []
     for index, path in enumerate(paths, start=1):
-        data = json.loads(Path(path).read_text())
-        info = data.get("machine_info", {}).get("vase_bench")
-        if info is None:
-            raise ValueError(f"{path}: expected a JSON written by the vase_triton suites (machine_info.vase_bench)")
+        data = _read_json(Path(path))
+        info = data.get("machine_info", {}).get("vase_bench") if isinstance(data, dict) else None
+        if info is None or not isinstance(data.get("benchmarks"), list):
+            raise ValueError(f"{path}: expected a pytest-benchmark JSON written by the vase_triton suites "
+                             "(machine_info.vase_bench and benchmarks)")  # fmt: skip
         run = Run(
             id=f"{prefix}{index}",
             source=Path(path).name,
@@ -137,14 +138,26 @@ def load_runs(paths: Sequence[Path], prefix: str = "#") -> list[Row]:
             timing=info.get("timing", ""),
         )
         for bench in data["benchmarks"]:
+            if not all(name in (bench.get("extra_info") or {}) for name in ("suite", "kernel", "provider", "shape")):
+                raise ValueError(f"{path}: benchmark {bench.get('name')!r} has no vase_triton record (extra_info)")
             rows.append(_row(run, bench))
     return rows
+
+
+def _read_json(path: Path):
+    """The JSON value in `path`; ValueError naming the file when it cannot be read or parsed."""
+    try:
+        return json.loads(path.read_text())
+    except OSError as error:
+        raise ValueError(f"{path}: cannot read it ({error.strerror})") from None
+    except ValueError as error:
+        raise ValueError(f"{path}: not JSON ({error})") from None
 
 
 def _row(run: Run, bench: dict) -> Row:
     record = Record.from_extra_info(bench["extra_info"])
     stats = bench.get("stats")
-    if not stats:
+    if not stats or not 0 < stats["median"] < math.inf:  # untimed, or a NaN or zero median: no timing to report
         return Row(run, record, None, None, None, None, 0)
     data = sorted(stats.get("data") or [])
     p20 = quantile(data, 0.2) if data else None
@@ -419,7 +432,8 @@ def kernel_section(suite: str, rows: Sequence[Row], index: RowIndex) -> list[str
     with_flops = any(row.record.flops for row in rows)
     with_bytes = any(row.record.bytes_moved for row in rows)
     with_steps = any(row.record.per_step for row in rows)
-    relative = next((row.record.relative_to for row in rows if row.record.relative_to), None)
+    # The rows each per-step time is a percentage of, by suite, kernel and provider (one column each).
+    relatives = list(dict.fromkeys(row.record.relative_to[:3] for row in rows if row.record.relative_to))
     # Rows timed by different methods (graph replays beside eager calls) each name theirs.
     timings = list(dict.fromkeys(row.record.details["timing"] for row in rows if row.record.details.get("timing")))
     mixed_timing = len(timings) > 1
@@ -430,9 +444,7 @@ def kernel_section(suite: str, rows: Sequence[Row], index: RowIndex) -> list[str
     header += ["% of roofline"] if (with_flops or with_bytes) else []
     header += [f"vs {provider}" for provider in alternatives]
     if with_steps:
-        header += ["per decode step"]
-        if relative is not None:
-            header += [f"% of {relative[0]} ({relative[2]})"]
+        header += ["per decode step"] + [f"% of {relative[0]} ({relative[2]})" for relative in relatives]
     body = []
     for row in rows:
         record = row.record
@@ -452,9 +464,10 @@ def kernel_section(suite: str, rows: Sequence[Row], index: RowIndex) -> list[str
             cells.append(format_speedup(speedup(index, row, provider)) if provider in record.compare_to else NOT_APPLICABLE)
         if with_steps:
             cells.append(format_time(row.per_step_s) if record.per_step else NOT_APPLICABLE)
-            if relative is not None:
-                percent = relative_percent(index, row)
-                cells.append(format_number(percent, " %", digits=2) if record.relative_to else NOT_APPLICABLE)
+            percent = relative_percent(index, row)
+            for relative in relatives:
+                of_it = record.relative_to is not None and record.relative_to[:3] == relative
+                cells.append(format_number(percent, " %", digits=2) if of_it else NOT_APPLICABLE)
         body.append(cells)
     first_number = header.index("median")
     lines = [f"## {suite}", ""]
@@ -670,8 +683,9 @@ def render(
         lines += ["> **Smoke run — not a measurement.** Tiny shapes, run once (on CPU through the Triton "
                   "interpreter) to check that every suite works. Do not quote these times.", ""]  # fmt: skip
     lines += runs_section(runs) + [""]
-    if any(not run.device.startswith("CPU") for run in runs):
-        lines += targets_section(rows, index) + [""]
+    gpu_rows = [row for row in rows if not row.run.device.startswith("CPU")]
+    if gpu_rows:
+        lines += targets_section(gpu_rows, index) + [""]
     for suite in KERNEL_SUITES:
         suite_rows = [row for row in rows if row.record.suite == suite]
         if suite_rows:
@@ -723,14 +737,15 @@ def plot_curves(rows: Sequence[Row], directory: Path) -> list[str]:
     panels = (
         ("decode_step_latency.png", "decode step latency (ms)", lambda p: p.step_s * 1e3),
         ("memory.png", "peak allocated memory (GiB)" if gpu else "KV cache (GiB)",
-         lambda p: (p.peak_bytes if gpu else p.kv_bytes) / 2**30),
+         lambda p: None if gpu and p.peak_bytes is None else (p.peak_bytes if gpu else p.kv_bytes) / 2**30),
     )  # fmt: skip
     names = []
     for name, label, value in panels:
         figure, axis = plt.subplots(figsize=(7, 4.5))
         for row in curve_rows:
-            xs = [point.generated for point in row.record.curve]
-            ys = [value(point) for point in row.record.curve]
+            # A point without the value (a CPU run's peak memory beside a GPU run's) is left out, not drawn as 0.
+            points = [(point.generated, value(point)) for point in row.record.curve if value(point) is not None]
+            xs, ys = [x for x, _ in points], [y for _, y in points]
             axis.plot(xs, ys, marker="o", label=f"{row.record.provider} ({row.run.id}, {row.record.shape})")
         lengths = sorted({point.generated for row in curve_rows for point in row.record.curve})
         axis.set_xscale("log", base=2)
@@ -752,6 +767,14 @@ def plot_curves(rows: Sequence[Row], directory: Path) -> list[str]:
 # ----------------------------------------------------------------------------- command line
 
 
+def _load_argument(parser: argparse.ArgumentParser, argument: str, paths: Sequence[Path], prefix: str) -> list[Row]:
+    """`load_runs(paths)`, or exit with status 2 and one line naming `argument` when a file is unusable."""
+    try:
+        return load_runs(paths, prefix)
+    except ValueError as error:
+        parser.exit(2, f"{parser.prog}: error: argument {argument}: {error}\n")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", type=Path, help="pytest-benchmark JSON files written by the suites")
@@ -760,10 +783,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD_PERCENT,
                         help="percent slower on the median that counts as a regression (default 5)")  # fmt: skip
     args = parser.parse_args(argv)
-    rows = load_runs(args.results)
+    rows = _load_argument(parser, "results", args.results, "#")
     threshold = args.threshold / 100.0
-    changes = compare(rows, load_runs(args.compare, prefix="old #"), threshold) if args.compare else None
-    args.out.mkdir(parents=True, exist_ok=True)
+    changes = None
+    if args.compare:
+        changes = compare(rows, _load_argument(parser, "--compare", args.compare, "old #"), threshold)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        parser.exit(2, f"{parser.prog}: error: argument --out: {args.out}: {error.strerror}\n")
     try:
         plots, plot_note = plot_curves(rows, args.out), None
     except ImportError:

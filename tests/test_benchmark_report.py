@@ -317,3 +317,105 @@ def test_paper_rows_say_when_they_are_estimated(tmp_path):
     assert cells[3] == "300.0" and cells[6] == "2.50x" and cells[9] == "2.51x"
     full_line = next(line for line in text.splitlines() if f"| {full} |" in line)
     assert [cell.strip() for cell in full_line.strip("|").split("|")][6] == "—"
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [(None, "cannot read it (No such file or directory)"), ("directory", "cannot read it (Is a directory)"),
+     ("{not json", "not JSON"), ("[1, 2]", "expected a pytest-benchmark JSON"),
+     ('{"benchmarks": []}', "expected a pytest-benchmark JSON"), ("no extra_info", "has no vase_triton record")],
+    ids=["missing", "directory", "not-json", "a-list", "not-the-suites", "a-row-without-its-record"],
+)  # fmt: skip
+@pytest.mark.parametrize("argument", ["results", "--compare"])
+def test_an_unusable_input_is_a_one_line_error_naming_its_argument(tmp_path, capsys, content, problem, argument):
+    path = tmp_path / "input.json"
+    if content == "directory":
+        path.mkdir()
+    elif content == "no extra_info":
+        data = json.loads(RECORDED.read_text())
+        data["benchmarks"][3]["extra_info"] = {}
+        path.write_text(json.dumps(data))
+    elif content is not None:
+        path.write_text(content)
+    good = str(write_synthetic(tmp_path / "good.json", synthetic_rows()))
+    argv = [str(path), "--out", str(tmp_path / "r")] if argument == "results" else [
+        good, "--out", str(tmp_path / "r"), "--compare", str(path)]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        report.main(argv)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "Traceback" not in error
+    assert error.startswith(f"python -m benchmarks.report: error: argument {argument}: {path}: ") and problem in error
+
+
+def test_an_output_path_that_is_a_file_is_a_one_line_error(tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        report.main([str(write_synthetic(tmp_path / "new.json", synthetic_rows())), "--out", str(taken)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"python -m benchmarks.report: error: argument --out: {taken}: File exists\n"
+
+
+def _with_median(path: Path, provider: str, median: float) -> Path:
+    """`path` with the median of its prefill `provider` row set to `median`."""
+    data = json.loads(path.read_text())
+    for bench in data["benchmarks"]:
+        if bench["extra_info"]["suite"] == "prefill" and bench["extra_info"]["provider"] == provider:
+            bench["stats"]["median"] = median
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("median", [0.0, float("nan")], ids=["zero", "nan"])
+def test_a_zero_or_nan_median_is_absent_not_a_crash_or_nan(tmp_path, median):
+    path = _with_median(write_synthetic(tmp_path / "new.json", synthetic_rows()), "vase", median)
+    rows = report.load_runs([path])
+    text = report.render(rows, None, 0.05, [])
+    line = next(line for line in text.splitlines() if "| Qwen3-8B B1 T8192 | vase |" in line)
+    assert [cell.strip() for cell in line.strip("|").split("|")][3] == "absent"
+    assert "nan" not in text.lower()
+    scores = next(line for line in text.splitlines() if "| Qwen3-8B B1 T8192 | vase+scores |" in line)
+    assert scores.rstrip("| ").endswith("absent")  # its speed-up over `vase`
+    old = write_synthetic(tmp_path / "old.json", synthetic_rows())
+    for new_rows, old_rows in ((rows, report.load_runs([old])), (report.load_runs([old]), rows)):
+        verdicts = {c.key[1:4]: c.verdict for c in report.compare(new_rows, old_rows, 0.05)}
+        assert verdicts[PREFILL + ("vase",)] in ("new", "not in this run")
+    assert report.main([str(path), "--out", str(tmp_path / "r"), "--compare", str(old)]) == 0
+
+
+def test_plots_of_a_gpu_run_beside_a_cpu_run(tmp_path):
+    """The CPU run records no peak memory: its curves are left out of the peak-memory plot, not a crash."""
+    shape = "Qwen3-8B B16 P256"
+    gpu = [(Record(*E2E, "hf-static", shape, curve=(CurvePoint(1024, 0.01, 1600.0, 2**30, 2**32),)), [0.01])]
+    cpu = [(Record(*E2E, "hf-static", "tiny-qwen3 B2 P16", curve=(CurvePoint(1024, 0.1, 20.0, 2**20),)), [0.1])]
+    paths = [write_synthetic(tmp_path / "gpu.json", gpu), write_synthetic(tmp_path / "cpu.json", cpu, device="CPU (x)")]
+    assert report.main([str(path) for path in paths] + ["--out", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "memory.png").stat().st_size > 0
+    assert (tmp_path / "r" / "decode_step_latency.png").stat().st_size > 0
+
+
+def test_cpu_rows_are_not_read_against_the_gpu_targets(tmp_path):
+    paths = [write_synthetic(tmp_path / "gpu.json", synthetic_rows()),
+             write_synthetic(tmp_path / "cpu.json", synthetic_rows(), device="CPU (Intel(R) Xeon(R) Processor)")]  # fmt: skip
+    targets = _targets(report.render(report.load_runs(paths), None, 0.05, []))
+    assert all("(run #2)" not in row[1] for row in targets)
+    assert [row[1] for row in targets if row[0] == report.EVICTION_TARGET] == ["Qwen3-8B B16 C4160, recompute (run #1)"]
+
+
+def test_per_step_percentages_are_under_the_row_they_are_of(tmp_path):
+    """An `emitted` eviction is a percentage of the scores-emitting decode step: 0.128 ms / 64 / 0.16 ms = 1.25 %."""
+    emitting = DECODE + ("vase+scores", "Qwen3-8B B16 C4160")
+    rows = synthetic_rows() + [
+        (Record(*emitting, bytes_moved=2.8e8, roofline=COPY, details={"timing": GRAPHED}), _spread(1.6e-4)),
+        (Record("eviction", "eviction vase (emitted)", "vase", "Qwen3-8B B16 C4160", bytes_moved=1e8, roofline=COPY,
+                per_step=64, relative_to=emitting, details={"timing": GRAPHED}), _spread(1.28e-4)),
+    ]  # fmt: skip
+    section = report.render(report.load_runs([write_synthetic(tmp_path / "new.json", rows)]), None, 0.05, [])
+    section = section.split("## eviction")[1].split("## ")[0]
+    header = next(line for line in section.splitlines() if line.startswith("| run |"))
+    columns = [cell.strip() for cell in header.strip("|").split("|")]
+    assert columns[-2:] == ["% of decode (vase)", "% of decode (vase+scores)"]
+    for kernel, cells in (("eviction vase", ["2.00 %", "—"]), ("eviction vase (emitted)", ["—", "1.25 %"])):
+        line = next(line for line in section.splitlines() if f"| {kernel} | Qwen3-8B B16 C4160 | vase |" in line)
+        assert [cell.strip() for cell in line.strip("|").split("|")][-2:] == cells
