@@ -16,13 +16,16 @@ between, nothing reallocated) so that compilation, CUDA-graph capture and the ev
 kernels' first launch stay out of the timing.
 
 A setting with `sample_steps` measures each checkpoint length on its own instead of
-decoding all the way to it (`generate_sampled`): a prompt that ends `sample_steps` tokens
-before the length, then that many timed steps. What a step costs depends on what the cache
-holds, and that is the same as after generating the length: a `DynamicCache` holds as
-many tokens, a `StaticCache` keeps its size, and a VaSE cache past its budget is full and
-evicts every `window` steps (its prompt is compressed to the budget at prefill, as the
-decoded tokens would have been). So a GPU session reaches the 16k-token point in seconds
-where decoding to it takes minutes per method.
+decoding all the way to it (`generate_sampled`): a prompt that ends `sample_steps + 2`
+tokens before the length, the token of its prefill, one untimed decode step, then
+`sample_steps` timed steps. What a step costs depends on what the cache holds, and that is
+the same as after generating the length: a `DynamicCache` holds as many tokens, a
+`StaticCache` keeps its size, and a VaSE cache past its budget is full and evicts every
+`window` steps (its prompt is compressed to the budget at prefill, as the decoded tokens
+would have been). Its first eviction comes at the `window + 1`-th decode step, so the timed
+steps, from the second on, span whole eviction periods when `sample_steps` is a multiple of
+`window`. So a GPU session reaches the 16k-token point in seconds where decoding to it
+takes minutes per method.
 """
 
 from __future__ import annotations
@@ -103,7 +106,7 @@ class DecodeSetting:
     new_tokens: int
     checkpoints: tuple[int, ...]
     time_limit_s: Optional[float] = None
-    sample_steps: Optional[int] = None  # measure each checkpoint on its own with this many steps
+    sample_steps: Optional[int] = None  # measure each checkpoint on its own with this many timed steps
 
     def __post_init__(self) -> None:
         if self.sample_steps is not None and not WARMUP_STEPS <= self.sample_steps <= min(self.checkpoints):
@@ -118,20 +121,26 @@ class DecodeSetting:
         return f"{self.layout.name}{depth} B{self.batch} P{self.prompt_tokens}"
 
     @property
+    def sampled_run_tokens(self) -> int:
+        """Tokens one sampled length generates: its prefill's, an untimed decode step, `sample_steps` timed."""
+        return self.sample_steps + 2
+
+    @property
     def warmup_prompt_tokens(self) -> int:
         """The untimed run's prompt: the longest sampled one (so that the long-prompt prefill is
         compiled before timing and a VaSE cache starts full), else `prompt_tokens`."""
         if self.sample_steps is None:
             return self.prompt_tokens
-        return self.prompt_tokens + max(self.checkpoints) - self.sample_steps
+        return self.prompt_tokens + max(self.checkpoints) - self.sampled_run_tokens
 
     def describe_curve(self) -> str:
         """What a curve point at length L summarises, for the report."""
         if self.sample_steps is None:
             return f"the steps that produced the {CURVE_SPAN} tokens up to L, in one run from the start"
         return (
-            f"{self.sample_steps - 1} steps ending at L, from a prompt of {self.prompt_tokens:,} + L - "
-            f"{self.sample_steps} tokens (sampled: the cache holds what it would after generating L tokens)"
+            f"{self.sample_steps} steps ending at L, from a prompt of {self.prompt_tokens:,} + L - "
+            f"{self.sampled_run_tokens} tokens and one untimed step (sampled: the cache holds what it would after "
+            f"generating L tokens)"
         )
 
 
@@ -412,12 +421,13 @@ def generate_timed(model, method: Method, setting: DecodeSetting, device: torch.
 
 
 def generate_sampled(model, method: Method, setting: DecodeSetting, device: torch.device) -> Trace:
-    """Warm up, then time `sample_steps` greedy tokens from a prompt ending that many tokens before
-    each checkpoint, longest first (a run cut by the time limit keeps the longest lengths).
+    """Warm up, then generate `sampled_run_tokens` greedy tokens from a prompt ending that many
+    tokens before each checkpoint, longest first (a run cut by the time limit keeps the longest lengths).
 
-    The point at length L gets the steps that produced tokens L - sample_steps + 2 to L, and
-    the peak memory of those after the first (see `StepClock`). The trace's steps are those of
-    every length; it has no whole-run throughput.
+    The point at length L gets the `sample_steps` steps that produced tokens L - sample_steps + 1
+    to L (not the first decode step, after which a VaSE cache takes `window` steps to its first
+    eviction), and their peak memory (see `StepClock`). The trace's steps are those of every
+    length; it has no whole-run throughput.
     """
     points, step_seconds = [], []
     time_limited = False
@@ -428,16 +438,17 @@ def generate_sampled(model, method: Method, setting: DecodeSetting, device: torc
             if left is not None and left <= 0:
                 time_limited = True
                 break
-            prompt_tokens = setting.prompt_tokens + length - setting.sample_steps
+            run_tokens = setting.sampled_run_tokens
+            prompt_tokens = setting.prompt_tokens + length - run_tokens
             ready.empty_cache(model)
             ready.inputs = random_prompts(model, setting.batch, prompt_tokens, device)
-            clock = StepClock(prompt_tokens, (setting.sample_steps,), ready.cache, device, left, peak_of_decode=True)
-            ready.generate(model, setting.sample_steps, stopping_criteria=[clock])
-            steps = clock.seconds_between_stamps()
+            clock = StepClock(prompt_tokens, (run_tokens,), ready.cache, device, left, peak_of_decode=True)
+            ready.generate(model, run_tokens, stopping_criteria=[clock])
+            steps = clock.seconds_between_stamps()[1:]  # the first decode step is not timed
             time_limited = time_limited or clock.time_limited
             if steps:
-                reached = max(clock.memory)  # sample_steps, or where the time limit stopped the run
-                points.append(curve_point(length - setting.sample_steps + reached, steps, clock.memory[reached],
+                reached = max(clock.memory)  # run_tokens, or where the time limit stopped the run
+                points.append(curve_point(length - run_tokens + reached, steps, clock.memory[reached],
                                           setting.batch))  # fmt: skip
                 step_seconds += steps
     points.sort(key=lambda point: point.generated)

@@ -9,7 +9,8 @@ kernels' own durations; CUDA only) and their ratio: a step far longer than its d
 time is bound by the host (Python, launches, synchronisation), not by its kernels. On CUDA
 it also counts the compiled graphs inductor left without CUDA graphs while the method ran
 (its `cudagraph_skips` counter; the reason is in the `torch._inductor` warning log). Below
-it, the operations with the most device time per step (on CPU, the most CPU time).
+it, the kernels (and copies) with the most device time per step (on CPU, the operations with
+the most CPU time).
 
     python -m benchmarks.profile_decode [--steps 64] [--warmup 8] [--methods hf-static,vase-2048] [--out DIR]
 
@@ -28,6 +29,7 @@ from typing import Optional, Sequence
 
 import torch
 from torch._dynamo.utils import counters
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, schedule
 from transformers import StoppingCriteria
 
@@ -72,6 +74,28 @@ def _device_time_us(event) -> float:
     return 0.0
 
 
+def step_costs(averages, steps: int, on_device: bool) -> tuple[Optional[float], list[tuple[str, float, float]]]:
+    """(device busy seconds per step, or None on CPU; operations as (name, seconds per step, calls
+    per step), most time first) of profiler averages over `steps` steps.
+
+    On the device only what ran there counts (kernels, copies, fills): the profiler also credits
+    a kernel's time to the CPU operation that launched it and to the annotations around it, so
+    summing every event's device time would count each kernel two or three times.
+    """
+    if on_device:
+        costs = [
+            (event.key, _device_time_us(event), event.count)
+            for event in averages
+            if event.device_type != DeviceType.CPU and not getattr(event, "is_user_annotation", False)
+        ]
+    else:
+        costs = [(event.key, float(event.self_cpu_time_total), event.count) for event in averages]
+    costs = [(name, us, count) for name, us, count in costs if us > 0 and not name.startswith("ProfilerStep")]
+    costs.sort(key=lambda item: item[1], reverse=True)
+    device_s = sum(us for _, us, _ in costs) / 1e6 / steps if on_device else None
+    return device_s, [(name, us / 1e6 / steps, count / steps) for name, us, count in costs]
+
+
 def profile_method(model, method: Method, setting: DecodeSetting, device: torch.device, steps: int, warmup: int):
     """Median step and profiler averages of `steps` decode steps of `method` after `warmup` tokens."""
     skips_before = counters["inductor"]["cudagraph_skips"]
@@ -86,16 +110,7 @@ def profile_method(model, method: Method, setting: DecodeSetting, device: torch.
             ready.generate(model, steps + 2, stopping_criteria=[ProfilerSteps(recorded)])
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-    averages = recorded.key_averages()
-    if device.type == "cuda":
-        costs = [(event.key, _device_time_us(event), event.count) for event in averages]
-        device_s = sum(cost for _, cost, _ in costs) / 1e6 / steps
-    else:
-        costs = [(event.key, float(event.self_cpu_time_total), event.count) for event in averages]
-        device_s = None
-    costs = [(name, us, count) for name, us, count in costs if us > 0 and not name.startswith("ProfilerStep")]
-    costs.sort(key=lambda item: item[1], reverse=True)
-    operations = [(name, us / 1e6 / steps, count / steps) for name, us, count in costs]
+    device_s, operations = step_costs(recorded.key_averages(), steps, on_device=device.type == "cuda")
     skips = counters["inductor"]["cudagraph_skips"] - skips_before if device.type == "cuda" else None
     return StepProfile(method.name, step_s, device_s, operations, skips)
 

@@ -94,6 +94,33 @@ def test_decode_profile_counts_each_steps_operations(tmp_path):
     assert row.rstrip().endswith("| — | — |")  # no device time and no CUDA graphs on CPU
 
 
+def test_decode_profile_counts_each_kernel_once_on_cuda():
+    """The profiler gives a kernel's time to the kernel, to the CPU operation that launched it and to
+    the annotations around it (a compiled graph's call, the profiler step): busy time per step is
+    the kernels' and copies' alone, and only they are listed."""
+    from torch.autograd import DeviceType
+
+    from benchmarks import profile_decode
+
+    def average(key, device_type, device_us, count=2, annotation=False):
+        return types.SimpleNamespace(key=key, device_type=device_type, self_device_time_total=device_us,
+                                     count=count, is_user_annotation=annotation, self_cpu_time_total=5.0)  # fmt: skip
+
+    averages = [
+        average("aten::mm", DeviceType.CPU, 300.0),
+        average("sm90_xmma_gemm_bf16", DeviceType.CUDA, 300.0),
+        average("cudaLaunchKernel", DeviceType.CPU, 0.0),
+        average("## Call CompiledFxGraph ##", DeviceType.CUDA, 450.0, annotation=True),
+        average("ProfilerStep#2", DeviceType.CUDA, 500.0, count=1, annotation=True),
+        average("Memcpy DtoD (Device -> Device)", DeviceType.CUDA, 100.0),
+    ]
+    device_s, operations = profile_decode.step_costs(averages, steps=2, on_device=True)
+
+    assert device_s == pytest.approx((300.0 + 100.0) / 1e6 / 2)
+    assert operations == [("sm90_xmma_gemm_bf16", pytest.approx(150e-6), 1.0),
+                          ("Memcpy DtoD (Device -> Device)", pytest.approx(50e-6), 1.0)]  # fmt: skip
+
+
 def test_methods_share_the_time_left_before_the_deadline(monkeypatch):
     """Each method gets an equal share of what is left when it starts, once the set-up of it and
     of the methods after it (30 s compiled, 5 s eager) is set aside."""
@@ -156,7 +183,7 @@ def test_a_step_reads_every_weight_but_the_embedding_table(tied):
 def test_sampled_lengths_hold_what_one_run_from_the_start_holds(tiny_model, method, monkeypatch):
     """Each sampled point's cache holds as many bytes as the one-run curve's at that length (a
     DynamicCache grows by a token per step; VaSE, its prompt compressed at prefill, holds its
-    static buffers with no prefill scratch left), from `sample_steps - 1` steps ending there."""
+    static buffers with no prefill scratch left), from `sample_steps` steps ending there."""
     monkeypatch.setenv("VASE_BACKEND", "torch")
     device = torch.device("cpu")
     whole = decoding.generate_timed(tiny_model, method, tiny_setting(), device)
@@ -167,7 +194,7 @@ def test_sampled_lengths_hold_what_one_run_from_the_start_holds(tiny_model, meth
     if method.cache == "dynamic":
         per_token = whole.points[0].kv_bytes // (16 + 32 - 1)
         assert [p.kv_bytes for p in sampled.points] == [per_token * (16 + n - 1) for n in (32, 64, 96)]
-    assert len(sampled.step_seconds) == 3 * 15 and not sampled.time_limited
+    assert len(sampled.step_seconds) == 3 * 16 and not sampled.time_limited
     assert sampled.tokens_per_s is None and whole.tokens_per_s > 0
     assert sampled.generated == whole.generated == 96
 
@@ -191,8 +218,34 @@ def test_sampled_run_cut_by_its_time_limit_keeps_the_longest_lengths(tiny_model,
 
     assert trace.time_limited
     longest, cut = trace.points[1], trace.points[0]
-    assert longest.generated == 96 and 64 - 16 < cut.generated < 64
-    assert len(trace.step_seconds) == 15 + (cut.generated - (64 - 16) - 1)
+    assert longest.generated == 96 and 64 - 18 < cut.generated < 64
+    # Each length's prompt ends 16 + 2 tokens before it; its first decode step is not timed.
+    assert len(trace.step_seconds) == 16 + (cut.generated - (64 - 18) - 2)
+
+
+def test_sampled_vase_steps_evict_once_every_window(tiny_model, monkeypatch):
+    """A VaSE cache compressed at prefill first evicts at its `window + 1`-th decode step, then every
+    `window` steps: the timed steps of a sampled length whose cache is full hold one eviction per
+    `window` steps, as decoding to that length does (`window` 16 here); at 32 tokens the cache
+    (16 + 32 tokens, 48 slots) has not evicted yet."""
+    evictions_at_stamps = []
+
+    class EvictionCountingClock(decoding.StepClock):
+        def __call__(self, input_ids, scores, **kwargs):
+            if not self.stamps:
+                evictions_at_stamps.append([])
+            evictions_at_stamps[-1].append(self.cache.n_evictions)
+            return super().__call__(input_ids, scores, **kwargs)
+
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    monkeypatch.setattr(decoding, "StepClock", EvictionCountingClock)
+    method = decoding.vase_method(32)
+    trace = decoding.generate_timed(tiny_model, method, tiny_setting(sample_steps=16), torch.device("cpu"))
+
+    timed = [counts[-1] - counts[1] for counts in evictions_at_stamps]  # evictions after the first decode step
+    assert [p.generated for p in trace.points] == [32, 64, 96]
+    assert timed == [1, 1, 0]  # lengths 96, 64, 32 (longest first)
+    assert method.vase_config().window == 16
 
 
 @pytest.mark.parametrize("sample_steps", [7, 33])
