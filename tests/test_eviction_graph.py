@@ -116,9 +116,12 @@ def test_a_policy_that_reads_back_warns_and_stays_eager(device) -> None:
                     summary="streaming, reading lengths back to the host")
     register_policy(policy, replace=True)
     config = VaSEConfig(policy="host-reading", budget=24, window=8, n_sink=2)
+    caller_stream = torch.cuda.current_stream(device)
     with pytest.warns(RuntimeWarning, match="could not be captured in a CUDA graph"):
         replayed = _run_side_by_side(config, device)
     assert replayed.eviction_graph.failure is not None and not replayed.eviction_graph.replaying
+    # The failed capture gave the caller its stream back: later work is not left on the capture stream.
+    assert torch.cuda.current_stream(device) == caller_stream
 
 
 @needs_cuda

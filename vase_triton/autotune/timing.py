@@ -27,7 +27,9 @@ def capture_graph(launch: Callable[[], object]) -> Optional[torch.cuda.CUDAGraph
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
+        # A capture that fails raises out of torch.cuda.graph before it restores the caller's
+        # stream; the outer stream context restores it.
+        with torch.cuda.stream(torch.cuda.current_stream()), torch.cuda.graph(graph):
             launch()
     except RuntimeError:
         torch.cuda.synchronize()
