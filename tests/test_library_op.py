@@ -102,3 +102,58 @@ def test_compiled_calls_trace_the_registered_op(device):
     torch.testing.assert_close(compiled(q, k, v, lens), step(q, k, v, lens))
     targets = [str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"]
     assert "vase_triton.decode_attention.default" in targets
+
+
+class _ReportsSecondGPU(torch.Tensor):
+    """A CPU tensor that says it is on cuda:1 (the device a call must make current)."""
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", 1)
+
+
+def test_a_call_runs_with_its_tensors_gpu_current(monkeypatch):
+    """Triton launches on the current GPU: a call on cuda:1 while cuda:0 is current must switch to cuda:1."""
+    from vase_triton.ops.library_op import on_tensors_device
+
+    current = [0]
+    switched_to = []
+
+    class DeviceGuard:
+        def __init__(self, device):
+            self.index = torch.device(device).index
+
+        def __enter__(self):
+            switched_to.append(self.index)
+            self.previous, current[0] = current[0], self.index
+
+        def __exit__(self, *exc):
+            current[0] = self.previous
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "device", DeviceGuard)
+    seen_current = []
+    run = on_tensors_device(lambda *args, scale=1.0: seen_current.append(current[0]) or scale)
+    on_second = torch.Tensor._make_subclass(_ReportsSecondGPU, torch.zeros(1))
+    assert run(3, on_second, scale=2.0) == 2.0
+    assert seen_current == [1] and switched_to == [1] and current == [0]
+    current[0] = 1  # already current: no switch
+    run(on_second)
+    assert seen_current == [1, 1] and switched_to == [1]
+    run(torch.zeros(1), 0.5)  # CPU tensors: nothing to switch
+    assert seen_current == [1, 1, 1] and switched_to == [1]
+
+
+@pytest.mark.gpu
+def test_an_op_on_a_second_gpu_runs_there_while_the_first_is_current():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    second = torch.device("cuda", 1)
+    with torch.cuda.device(0):
+        q, k, v, lens = inputs(second)
+        scores = torch.zeros(2, 2, 63, device=second)
+        out = decode_attention_op(q, k, v, lens, 0.125, scores, None, None, None)
+        through_dispatcher = decode_attention_op.op(q, k, v, lens, 0.125, None, None, None, None)
+    expected = reference.decode_attention(q.double(), k.double(), v.double(), lens, scale=0.125)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(through_dispatcher.double(), expected, rtol=1e-4, atol=1e-5)

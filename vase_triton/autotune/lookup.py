@@ -189,7 +189,8 @@ def _tune_online(kernel: str, shape: tuple, device: torch.device, view: StoreVie
     # Tuning must never break the launch that asked for it (an unwritable store, memory
     # exhausted by the tuning inputs, ...): any failure leaves this key to the heuristic.
     try:
-        result = tune(kernel, shape, device, view.user_file)
+        with torch.cuda.device(device):  # the launches' GPU, which the current one need not be
+            result = tune(kernel, shape, device, view.user_file)
     except Exception as error:
         store.warn_once(
             ("online", kernel, str(view.user_file.path), type(error).__name__),
