@@ -96,7 +96,7 @@ def mark_static(tensors) -> None:
     input is static, and otherwise runs the whole step without CUDA graphs.
     """
     for tensor in tensors:
-        torch._dynamo.mark_static_address(tensor)
+        torch._dynamo.mark_static_address(tensor, guard=False)  # older releases guarded by default
 
 
 def chunk_bounds(length_bound: int, new_tokens: int, *, capacity: int, window: int, chunk: int) -> list[tuple[int, int]]:
