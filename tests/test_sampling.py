@@ -127,6 +127,42 @@ def test_same_seed_same_draw_other_seed_other_draw(device) -> None:
     assert (first != first[:1]).any(dim=1).float().mean() > 0.5
 
 
+def exact_same_set_probability(weights: tuple[float, ...], keep: int) -> float:
+    """P(two independent draws of `keep` without replacement ∝ `weights` keep the same set)."""
+    total = sum(weights)
+    set_probability: dict[frozenset, float] = {}
+    for draw in itertools.permutations(range(len(weights)), keep):
+        prob, left = 1.0, total
+        for i in draw:
+            prob *= weights[i] / left
+            left -= weights[i]
+        set_probability[frozenset(draw)] = set_probability.get(frozenset(draw), 0.0) + prob
+    return sum(p * p for p in set_probability.values())
+
+
+@pytest.mark.parametrize("backend", ["kernel", "reference"])
+def test_sequences_and_kv_heads_draw_independently(backend: str, device) -> None:
+    """The noise is independent per sequence AND per KV head (DESIGN.md §2), not shared along either.
+
+    Disjoint pairs of rows that differ only in the sequence (`(2i, h)`, `(2i+1, h)`), or only
+    in the KV head (`(b, 2j)`, `(b, 2j+1)`), keep the same set as independent draws do: the
+    count of such pairs is Binomial(pairs, q) with `q` the exact probability that two draws
+    agree (about 0.11 here); noise shared along that dimension makes every pair agree.
+    """
+    _, kept = sample_inclusion(WEIGHTS, device, seed=13, eviction_index=1, backend=backend)
+    kept = kept.view(BATCH, KV_HEADS, len(WEIGHTS))
+    q = exact_same_set_probability(WEIGHTS, KEEP)
+    limit = NormalDist().inv_cdf(1 - FAMILY_ALPHA / 4)
+    for name, first, second in (
+        ("sequences", kept[0::2], kept[1::2]),
+        ("kv heads", kept[:, 0::2], kept[:, 1::2]),
+    ):
+        same = (first == second).all(dim=-1)
+        pairs = same.numel()
+        z = (float(same.sum()) - pairs * q) / math.sqrt(pairs * q * (1 - q))
+        assert abs(z) <= limit, f"{name}: {int(same.sum())}/{pairs} pairs keep the same set, expected q={q:.4f}"
+
+
 @pytest.mark.parametrize("holders", [((0, 0), (1, 0)), ((0, 0), (0, 8))], ids=["layers", "tensor-parallel-ranks"])
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_layers_draw_independently(backend, holders, device, monkeypatch) -> None:
