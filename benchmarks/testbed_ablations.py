@@ -13,9 +13,13 @@ answers right and the whole traces exact over the seeds:
   sampled in draw order, recent window], so after the first eviction its average pool
   smooths over permuted neighbours;
 - `vase-dkv`'s projections, a deviation too: ours draws one per layer, row and KV head;
-  theirs draws one per row and shares it across the KV heads.
+  theirs draws one per row and shares it across the KV heads;
+- sinks in the baselines `snapkv` and `rkv`, a deviation: ours keeps the first `n_sink`
+  tokens under every evicting policy, the authors' SnapKV and R-KV modes keep none;
+- R-KV's `λ` (`rkv`): ours defaults to 0.1, R-KV's value; the authors' scripts pass 0.5.
 
 Runs on the CPU with the PyTorch reference, which the switches patch: about 10 s a run.
+`--only NAME` runs the ablations of that name alone (repeatable).
 """
 
 from __future__ import annotations
@@ -64,12 +68,12 @@ def shared_projection(draw: Callable[..., torch.Tensor]) -> Callable[..., torch.
     return projection
 
 
-def value_protection(enabled: bool) -> ContextManager:
-    """Every evaluated cache configured with `protect_values=enabled`."""
+def configured(**changes) -> ContextManager:
+    """Every evaluated cache configured with `changes` (VaSEConfig fields) on top of eval's."""
     configure = Run.config
 
     def config(self, *args, **kwargs):
-        return configure(self, *args, **kwargs).replace(protect_values=enabled)
+        return configure(self, *args, **kwargs).replace(**changes)
 
     return mock.patch.object(Run, "config", config)
 
@@ -83,12 +87,15 @@ class Ablation(NamedTuple):
 
 
 ABLATIONS = [
-    Ablation("value protection", "vase", "on", "off", lambda: value_protection(False)),
-    Ablation("value protection", "snapkv", "off", "on", lambda: value_protection(True)),
+    Ablation("value protection", "vase", "on", "off", lambda: configured(protect_values=False)),
+    Ablation("value protection", "snapkv", "off", "on", lambda: configured(protect_values=True)),
     Ablation("survivor order", "vase", "temporal", "authors'",
              lambda: mock.patch.object(reference, "survivor_slots", authors_survivor_slots)),
     Ablation("projections", "vase-dkv", "per KV head", "shared by a row's heads (authors')",
              lambda: mock.patch.object(policies, "dkv_projection", shared_projection(policies.dkv_projection))),
+    Ablation("sinks", "snapkv", "4 kept", "none (authors')", lambda: configured(n_sink=0)),
+    Ablation("sinks", "rkv", "4 kept", "none (authors')", lambda: configured(n_sink=0)),
+    Ablation("R-KV λ", "rkv", "0.1", "0.5 (authors' scripts)", lambda: configured(rkv_lambda=0.5)),
 ]  # fmt: skip
 
 
@@ -128,6 +135,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=5, help="run seeds per variant (default 5)")
     parser.add_argument("--out", type=Path, help="keep the eval outputs here (default: a temporary directory)")
+    names = list(dict.fromkeys(ablation.name for ablation in ABLATIONS))
+    parser.add_argument("--only", action="append", choices=names, metavar="NAME",
+                        help=f"run only the ablations of this name, of {', '.join(names)} (repeatable)")  # fmt: skip
     args = parser.parse_args()
     os.environ["VASE_BACKEND"] = "torch"  # the switches patch the reference
     ratio = {compression_budget(ratio): ratio for ratio in COMPRESSIONS}
@@ -136,6 +146,8 @@ def main() -> int:
     print("|---|---|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as scratch:
         for ablation in ABLATIONS:
+            if args.only and ablation.name not in args.only:
+                continue
             for budget, default, switched in measure(ablation, args.seeds, args.out or Path(scratch)):
                 print(f"| {ablation.name}: {ablation.default} → {ablation.switched} | {ablation.policy} | "
                       f"{ratio[budget]}x | {default[0]} / {default[1]} | {switched[0]} / {switched[1]} |",
