@@ -4,11 +4,14 @@
 leaving no or one candidate) and the window; `poison_past_candidates` fills every slot past
 a row's candidates with NaN, which must not leak; `assert_near_twin` applies the shared
 error allowance: four times what PyTorch's float32 reference reaches against the float64
-twin, with a floor at float32's resolution, relative to the twin's largest magnitude.
+twin, with a floor at float32's resolution, relative to the twin's largest magnitude;
+`poison_allocations` makes the buffers a kernel launcher allocates start as NaN, so that an
+element the kernel forgets to write shows.
 """
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 
 import torch
@@ -52,3 +55,20 @@ def assert_near_twin(got: torch.Tensor, truth: torch.Tensor, torch_float32: torc
     allowed = max(4 * float((torch_float32.double() - truth).abs().max() / scale), 4 * torch.finfo(torch.float32).eps)
     error = float((got.cpu().double() - truth).abs().max() / scale)
     assert error <= allowed, (error, allowed)
+
+
+class _PoisonedTorch(types.ModuleType):
+    """`torch`, except that `empty` fills floating tensors with NaN and integer ones with -7."""
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*args, **kwargs) -> torch.Tensor:
+        tensor = torch.empty(*args, **kwargs)
+        return tensor.fill_(float("nan") if tensor.is_floating_point() else -7)
+
+
+def poison_allocations(monkeypatch, module) -> None:
+    """Make every `torch.empty` of `module` (a kernel launcher's outputs and scratch) NaN-poisoned."""
+    monkeypatch.setattr(module, "torch", _PoisonedTorch("torch"))

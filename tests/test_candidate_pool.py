@@ -3,10 +3,10 @@
 The twin is the definition written out slot by slot in float64: the sum of the `width`
 attention values centred on a candidate, counting slots outside the candidates as 0,
 divided by `width`. Rows are hostile (1, 63, 111 and 257 slots, ragged lengths, lengths
-past `N`, rows with no or one candidate, widths 1 to 7) and the attention past the
-candidates is NaN, which must not leak. The kernel adds in the reference's order and
-rounds its division, so it must also equal the float32 PyTorch reference bit for bit: the
-two backends then rank candidates identically.
+past `N`, rows with no or one candidate, widths 1 to 7), the attention past the
+candidates is NaN, which must not leak, and the output starts NaN-poisoned. The kernel
+adds in the reference's order and rounds its division, so it must also equal the float32
+PyTorch reference bit for bit: the two backends then rank candidates identically.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from candidate_rows import poison_allocations
 from vase_triton import reference
+from vase_triton.kernels import candidate_pool as pool_kernels
 from vase_triton.ops.candidate_pool import pooled_candidates
 
 
@@ -68,7 +70,8 @@ def twin(attention: torch.Tensor, lengths: torch.Tensor, window: int, width: int
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_matches_the_float64_twin_and_the_reference_bit_for_bit(case: Case, device) -> None:
+def test_matches_the_float64_twin_and_the_reference_bit_for_bit(case: Case, device, monkeypatch) -> None:
+    poison_allocations(monkeypatch, pool_kernels)
     attention, lengths = make_inputs(case, device)
     got = pooled_candidates(attention, lengths, window=case.window, width=case.width)
     assert got.dtype == torch.float32 and got.shape == attention.shape

@@ -1,9 +1,10 @@
 """Split-K decode attention against the float64 reference, including score accumulation.
 
 Outputs are compared with `reference.decode_attention` in float64 with an error bound
-of twice PyTorch's own same-dtype error plus a small floor. Score buffers start from
-random values with a sentinel past the valid slots: each call must add exactly the
-reference probabilities on valid slots and leave every other slot untouched.
+of twice PyTorch's own same-dtype error plus a small floor (the kernels' exponentials and
+divisions on a GPU are not PyTorch's). Outputs and the split-K workspace start NaN-poisoned. Score buffers
+start from random values with a sentinel past the valid slots: each call must add exactly
+the reference probabilities on valid slots and leave every other slot untouched.
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ CASES = [
     Case(4, 2, 111, 256, torch.float32, (111, 3), 1),
     Case(2, 2, 1000, 128, torch.float16, (999, 1), None),
     Case(16, 2, 63, 64, torch.bfloat16, (40, 63), None),
+    # Odd GQA groups (3, 5, 6, 7 query heads per KV head, padded to 16 rows in the kernels).
+    Case(6, 2, 257, 32, torch.float16, (257, 0, 1), 3),
+    Case(5, 1, 111, 64, torch.bfloat16, (63, 111), None),
+    Case(12, 2, 63, 32, torch.float32, (1, 63), 2),
+    Case(14, 2, 257, 32, torch.float32, (129, 257), 5),
 ]
 
 
@@ -96,6 +102,16 @@ def assert_close_to_reference(actual, baseline, expected):
     assert kernel_err <= 2 * torch_err + floor, f"kernel error {kernel_err:.3e}, torch error {torch_err:.3e}"
 
 
+def poisoned_workspace(case: Case, k: torch.Tensor, emit_scores: bool):
+    """The split-K scratch of this case, NaN-filled: every entry read must have been written first."""
+    from vase_triton.kernels.decode_attention import decode_workspace
+
+    workspace = decode_workspace(case.q_heads, k, case.dtype, emit_scores=emit_scores, num_splits=case.num_splits)
+    for scratch in workspace:
+        scratch.fill_(float("nan"))
+    return workspace
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_decode_matches_float64_reference(case: Case, device):
     q, k, v, cache_lens = make_inputs(case, device)
@@ -104,15 +120,26 @@ def test_decode_matches_float64_reference(case: Case, device):
     scores = initial_scores(case, device, case.cache_lens)
     ref_scores = scores.double()
 
-    out = decode_attention_triton(q, k, v, cache_lens, scale, scores, out=out_buf, num_splits=case.num_splits)
+    out = decode_attention_triton(
+        q, k, v, cache_lens, scale, scores, out=out_buf, num_splits=case.num_splits,
+        workspace=poisoned_workspace(case, k, emit_scores=True),
+    )  # fmt: skip
     assert out.data_ptr() == out_buf.data_ptr() and not out.isnan().any()
+    # Without scores (the launch that emits nothing): as close to the reference.
+    no_scores = decode_attention_triton(
+        q, k, v, cache_lens, scale, None, out=torch.full_like(q, float("nan")), num_splits=case.num_splits,
+        workspace=poisoned_workspace(case, k, emit_scores=False),
+    )  # fmt: skip
 
     ref_out = reference.decode_attention(
         q.double(), k.double(), v.double(), cache_lens, scale=scale, scores=ref_scores
     )
-    assert_close_to_reference(out, torch_same_dtype(q, k, v, cache_lens, scale), ref_out)
+    baseline = torch_same_dtype(q, k, v, cache_lens, scale)
+    assert_close_to_reference(out, baseline, ref_out)
+    assert_close_to_reference(no_scores, baseline, ref_out)
     empty = cache_lens == 0
     assert torch.equal(out[empty], torch.zeros_like(out[empty]))
+    assert torch.equal(no_scores[empty], torch.zeros_like(no_scores[empty]))
     torch.testing.assert_close(scores.double(), ref_scores, rtol=1e-5, atol=1e-6)
     for b, length in enumerate(case.cache_lens):
         assert torch.all(scores[b, :, length:] == SENTINEL)
@@ -147,7 +174,7 @@ def test_split_counts_agree_with_reference(num_splits: int, device):
     expected = scores.double()
     out = decode_attention_triton(q, k, v, cache_lens, scale, scores, num_splits=num_splits)
     ref_out = reference.decode_attention(q.double(), k.double(), v.double(), cache_lens, scale=scale, scores=expected)
-    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
+    assert_close_to_reference(out, torch_same_dtype(q, k, v, cache_lens, scale), ref_out)
     torch.testing.assert_close(scores.double(), expected, rtol=1e-5, atol=1e-6)
 
 

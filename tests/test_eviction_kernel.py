@@ -14,6 +14,9 @@ interpreter without CUDA) and checks, per KV-head row:
   tokens and leaves bit-identical buffers. With `temperature > 0` the selection keys pass
   through `log`, whose last bit may differ between implementations: a row may then differ
   only in slots whose reference keys tie with the selection boundary to within 1e-5.
+
+The launcher's scratch (survivor slots, flags, the tiled kernel's keys and states) starts
+poisoned (NaN, or -7 in integer buffers), so that an entry a kernel forgets to write shows.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Optional
 import pytest
 import torch
 
+from candidate_rows import poison_allocations
 from vase_triton import reference
 from vase_triton.cache_tensors import CacheTensors
 from vase_triton.kernels import eviction as eviction_kernels
@@ -188,7 +192,8 @@ def check_matches_reference(case: Case, state, got, want) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_eviction_invariants_and_reference(case: Case, device: torch.device) -> None:
+def test_eviction_invariants_and_reference(case: Case, device: torch.device, monkeypatch) -> None:
+    poison_allocations(monkeypatch, eviction_kernels)
     state = make_state(case, device, seed=zlib.crc32(case.id.encode()))
     got = run(case, state)
     check_invariants(case, state, got)
@@ -387,7 +392,9 @@ TILED_CASES = [
 @pytest.mark.parametrize("case", TILED_CASES, ids=[c.id for c in TILED_CASES])
 @pytest.mark.parametrize("drawn", [False, True], ids=["noise", "philox"])
 def test_tiled_selection_for_long_rows_equals_the_in_register_one(case, drawn, device, monkeypatch) -> None:
-    """Rows longer than the in-register limit take the tiled kernel: same draws, same survivors."""
+    """Rows longer than the in-register limit take the tiled kernel: same draws, same survivors
+    (the reference's, given the noise)."""
+    poison_allocations(monkeypatch, eviction_kernels)
     state = make_state(case, device, seed=23)
     overrides = dict(noise=None) if drawn else {}
     resident = run(case, state, **overrides)
@@ -397,6 +404,27 @@ def test_tiled_selection_for_long_rows_equals_the_in_register_one(case, drawn, d
     check_invariants(case, state, tiled)
     for name in CacheTensors._fields:
         assert torch.equal(bits(tiled[name]), bits(resident[name])), name
+    if not drawn:  # the reference draws from its own stream, not philox: comparable given the noise only
+        cpu_state = {name: tensor.cpu() for name, tensor in state.items()}
+        check_matches_reference(case, cpu_state, tiled, run(case, cpu_state, op=reference.evict_))
+
+
+@pytest.mark.parametrize("tiled", [False, True], ids=["in-register", "tiled"])
+def test_ragged_batch_with_empty_and_single_token_rows_matches_the_reference(tiled, device, monkeypatch) -> None:
+    """Rows of 257, 0, 1 and 180 tokens (trigger 101): the two long rows are evicted in both
+    selection kernels (257 slots: three 128-slot tiles, the last holding one), the short ones
+    are left alone; the scratch is poisoned, the survivors are the reference's."""
+    case = Case(4, 2, 257, 32, torch.float32, 100, 16, 2, 12, 1.0, (257, 0, 1, 180), trigger_length=101)
+    poison_allocations(monkeypatch, eviction_kernels)
+    if tiled:
+        monkeypatch.setattr(eviction_kernels, "_MAX_RESIDENT_SLOTS", 16)
+        monkeypatch.setattr(eviction_kernels, "_TILED_BLOCK_N", 128)
+    assert eviction_kernels.uses_tiled_selection(case.slots, case.window) == tiled
+    state = make_state(case, device, seed=31)
+    got = run(case, state)
+    check_invariants(case, state, got)
+    cpu_state = {name: tensor.cpu() for name, tensor in state.items()}
+    check_matches_reference(case, cpu_state, got, run(case, cpu_state, op=reference.evict_))
 
 
 def test_decode_evictions_up_to_budget_8192_select_in_registers() -> None:

@@ -4,7 +4,8 @@ The twin is the definition written out pair by pair: the mean over the other can
 the cosine similarity of two keys, in float64. Shapes are hostile (rows of 1, 63, 111 and
 257 slots, ragged lengths, lengths past `N`, rows with no or one candidate, head dims
 64–256), a zero key (similarity 0 to everything) sits among the candidates, and every key
-past the candidates is NaN, which must not leak. The error allowed is four times what the
+past the candidates is NaN, which must not leak; the output and the launcher's scratch start
+NaN-poisoned. The error allowed is four times what the
 PyTorch reference reaches in float32 on the same keys, with a floor at float32's resolution.
 """
 
@@ -13,8 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from candidate_rows import Rows, assert_near_twin, poison_past_candidates
+from candidate_rows import Rows, assert_near_twin, poison_allocations, poison_past_candidates
 from vase_triton import reference
+from vase_triton.kernels import key_similarity as similarity_kernels
 from vase_triton.ops.key_similarity import mean_key_similarity
 
 CASES = [
@@ -53,7 +55,8 @@ def twin(keys: torch.Tensor, lengths: torch.Tensor, window: int) -> torch.Tensor
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_matches_float64_twin(case: Rows, device) -> None:
+def test_matches_float64_twin(case: Rows, device, monkeypatch) -> None:
+    poison_allocations(monkeypatch, similarity_kernels)
     keys, lengths = make_keys(case, device)
     got = mean_key_similarity(keys, lengths, window=case.window)
     assert got.dtype == torch.float32 and got.shape == (case.batch, case.kv_heads, case.slots)

@@ -3,7 +3,8 @@
 Every case runs the launcher on NaN-poisoned output buffers and compares out, lse
 and window scores with `reference.prefill_attention` evaluated in float64. The
 allowed error is twice what PyTorch itself reaches computing the same attention in
-the input dtype, plus a small floor.
+the input dtype, plus a small floor (the kernels' exponentials and divisions on a GPU
+are not PyTorch's).
 """
 
 from __future__ import annotations
@@ -60,6 +61,12 @@ CASES = [
     # 192 rows end mid-block, and single queries of a group of 4.
     Case(2, 6, 2, 64, 257, 64, False, torch.bfloat16, (257, 1), 64),
     Case(1, 8, 2, 1, 111, 128, False, torch.float32, (111,), 1),
+    # Odd GQA groups: 5 per KV head causal (query heads mapped to their KV head one by one),
+    # 7 packed non-causal (441 rows: heads change mid-block and the last block is partial),
+    # 6 with one query and an empty row.
+    Case(2, 10, 2, 63, 111, 32, True, torch.float16, (111, 63), 9),
+    Case(1, 7, 1, 63, 257, 32, False, torch.bfloat16, (257,), 16),
+    Case(2, 6, 1, 1, 257, 32, True, torch.float32, (257, 0), 1),
 ]
 
 

@@ -2,10 +2,10 @@
 
 The twin is the definition, `||k G||² · ||v G||²` per candidate slot, computed in float64
 from the same inputs. Shapes are hostile (rows of 1, 63, 111 and 257 slots, ragged
-lengths, lengths past `N`, empty candidate sets, head dims 64–256, ranks 1–33), and every
-key and value past the candidates is NaN, which must not leak. The error allowed is four
-times what PyTorch's float32 reference reaches on the same inputs, with a floor at
-float32's resolution.
+lengths, lengths past `N`, empty candidate sets, head dims 64–256, ranks 1–33), every
+key and value past the candidates is NaN, which must not leak, and the output starts
+NaN-poisoned. The error allowed is four times what PyTorch's float32 reference reaches on
+the same inputs, with a floor at float32's resolution.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from candidate_rows import Rows, assert_near_twin, poison_past_candidates
+from candidate_rows import Rows, assert_near_twin, poison_allocations, poison_past_candidates
 from vase_triton import reference
+from vase_triton.kernels import projected_energy as energy_kernels
 from vase_triton.ops.projected_energy import projected_energy
 
 CASES = [  # (rows, rank of the projection)
@@ -37,7 +38,8 @@ def make_inputs(rows: Rows, rank: int, device, seed: int = 0):
 
 
 @pytest.mark.parametrize("rows, rank", CASES, ids=[f"{rows.id}-R{rank}" for rows, rank in CASES])
-def test_matches_float64_twin(rows: Rows, rank: int, device) -> None:
+def test_matches_float64_twin(rows: Rows, rank: int, device, monkeypatch) -> None:
+    poison_allocations(monkeypatch, energy_kernels)
     keys, values, projection, lengths = make_inputs(rows, rank, device)
     got = projected_energy(keys, values, projection, lengths, window=rows.window)
     assert got.dtype == torch.float32 and got.shape == (rows.batch, rows.kv_heads, rows.slots)
@@ -54,11 +56,12 @@ def test_matches_float64_twin(rows: Rows, rank: int, device) -> None:
 
 
 @pytest.mark.parametrize("block_d", [16, 32, 64])
-def test_head_dim_slices_match_the_twin(block_d: int, device) -> None:
+def test_head_dim_slices_match_the_twin(block_d: int, device, monkeypatch) -> None:
     """The GPU launches walk D in slices (the interpreter's heuristic takes D whole): each slice
     width accumulates the same energies, NaN past the candidates still unread."""
     from vase_triton.kernels.projected_energy import EnergyConfig, projected_energy_triton
 
+    poison_allocations(monkeypatch, energy_kernels)
     rows, rank = CASES[4]  # D = 256 in 4 to 16 slices, rank 33 padded to 64
     keys, values, projection, lengths = make_inputs(rows, rank, device)
     got = projected_energy_triton(keys, values, projection, lengths, rows.window, config=EnergyConfig(64, block_d, 4))
