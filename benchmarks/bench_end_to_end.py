@@ -8,7 +8,8 @@ are compared with both full caches at every length in the report, which also plo
 curves.
 
 The `gpu` profile samples its lengths (1k to 16k tokens): each is measured on its own,
-128 steps from a prompt that ends just before it (`DecodeSetting.sample_steps`), longest
+128 timed steps, after one untimed, from a prompt that ends just before it
+(`DecodeSetting.sample_steps`), longest
 first, so that gpu_check reaches the 16k-token target in its time; a method stops after
 45 s, or `VASE_BENCH_DECODE_SECONDS`, and its curve then holds the lengths it measured.
 `deep` samples only the 16k-token length at Qwen3-8B's full depth (36 layers): at 4 layers
