@@ -79,7 +79,7 @@ cuda_tests=(
   tests/test_gaussian.py tests/test_projected_energy.py tests/test_key_similarity.py tests/test_candidate_pool.py
   tests/test_cache_layer.py
   tests/test_observation_window.py tests/test_cache_static_memory.py tests/test_integration_qwen3.py
-  tests/test_call_paths.py tests/test_autotune_lookup.py tests/test_eviction_graph.py
+  tests/test_call_paths.py tests/test_autotune_lookup.py tests/test_eviction_graph.py tests/test_library_op.py
 )
 if $python -c "import xdist" 2>/dev/null; then
   run_step tests 120 $python -m pytest -q -p no:cacheprovider -rfEs --durations=15 -n 8 "${cuda_tests[@]}"
