@@ -39,10 +39,6 @@ class ModelLayout:
         """Query heads per KV head."""
         return self.q_heads // self.kv_heads
 
-    def kv_bytes_per_token(self, element_bytes: int = 2) -> int:
-        """Keys and values of one token in every layer."""
-        return 2 * self.num_layers * self.kv_heads * self.head_dim * element_bytes
-
     def qwen3_config(self, num_layers: Optional[int] = None):
         """A `transformers.Qwen3Config` of this layout, optionally with fewer layers (dense models only)."""
         from transformers import Qwen3Config

@@ -52,10 +52,6 @@ class CacheTensors(NamedTuple):
     def num_slots(self) -> int:
         return self.keys.shape[2]
 
-    def valid_slots(self) -> torch.Tensor:
-        """`[B, 1, N]` bool: slot < lengths[b]."""
-        return slot_mask(self.lengths, self.num_slots, 0)
-
     def prefix(self, slots: int) -> "CacheTensors":
         """Views of the first `slots` slots of every row (counters shared)."""
         return CacheTensors(*(buffer if buffer.dim() == 1 else buffer[:, :, :slots] for buffer in self))
