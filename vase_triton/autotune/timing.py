@@ -28,8 +28,10 @@ def capture_graph(launch: Callable[[], object]) -> Optional[torch.cuda.CUDAGraph
     graph = torch.cuda.CUDAGraph()
     try:
         # A capture that fails raises out of torch.cuda.graph before it restores the caller's
-        # stream; the outer stream context restores it.
-        with torch.cuda.stream(torch.cuda.current_stream()), torch.cuda.graph(graph):
+        # stream; the outer stream context restores it. The capture runs on the warm-up stream, one
+        # of the current device (torch.cuda.graph's shared default is made on the device current
+        # at its first use).
+        with torch.cuda.stream(torch.cuda.current_stream()), torch.cuda.graph(graph, stream=side):
             launch()
     except RuntimeError:
         torch.cuda.synchronize()
