@@ -45,3 +45,35 @@ def saved_model_dir(tmp_path):
     from model_dirs import save_model_dir
 
     return save_model_dir(tmp_path)
+
+
+class FakeCudaDevices:
+    """`torch.cuda.current_device` and `torch.cuda.device` of a machine whose current GPU is `current`.
+
+    `switched_to` lists the device index of every `torch.cuda.device` block entered.
+    """
+
+    def __init__(self, monkeypatch) -> None:
+        self.current = 0
+        self.switched_to: list[int] = []
+        devices = self
+
+        class DeviceGuard:
+            def __init__(self, device) -> None:
+                self.index = torch.device(device).index
+
+            def __enter__(self) -> None:
+                devices.switched_to.append(self.index)
+                self.previous, devices.current = devices.current, self.index
+
+            def __exit__(self, *exc) -> None:
+                devices.current = self.previous
+
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: devices.current)
+        monkeypatch.setattr(torch.cuda, "device", DeviceGuard)
+
+
+@pytest.fixture
+def fake_cuda_devices(monkeypatch) -> FakeCudaDevices:
+    """A fake multi-GPU device state (see `FakeCudaDevices`), current device 0."""
+    return FakeCudaDevices(monkeypatch)

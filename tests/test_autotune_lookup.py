@@ -350,7 +350,7 @@ def test_online_tuning_put_off_by_a_graph_capture_happens_at_the_next_launch(sto
     assert lookup.tuned_params("decode", DECODE_SHAPE, cuda) == STORED_DECODE and len(tuned) == 1
 
 
-def test_online_tuning_runs_on_the_launch_gpu_when_another_is_current(store_dir, monkeypatch):
+def test_online_tuning_runs_on_the_launch_gpu_when_another_is_current(store_dir, monkeypatch, fake_cuda_devices):
     """The tuner's launches go to the current GPU: tuning a launch on cuda:1 makes cuda:1 current."""
     from vase_triton.autotune import tuner
     from vase_triton.autotune.device import DeviceProfile
@@ -358,27 +358,15 @@ def test_online_tuning_runs_on_the_launch_gpu_when_another_is_current(store_dir,
     monkeypatch.setenv("VASE_AUTOTUNE", "online")
     monkeypatch.setattr(lookup, "profile_for", lambda device: DeviceProfile("NVIDIA Fake GPU", 8, (9, 0), 227 * 1024))
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    current = [0]
-
-    class DeviceGuard:
-        def __init__(self, device):
-            self.index = torch.device(device).index
-
-        def __enter__(self):
-            self.previous, current[0] = current[0], self.index
-
-        def __exit__(self, *exc):
-            current[0] = self.previous
-
-    monkeypatch.setattr(torch.cuda, "device", DeviceGuard)
     tuned_on = []
+
     def tune(kernel, shape, device, store_file):
-        tuned_on.append(current[0])
+        tuned_on.append(fake_cuda_devices.current)
         return SimpleNamespace(entry=None)
 
     monkeypatch.setattr(tuner, "tune", tune)
     assert lookup.tuned_params("decode", DECODE_SHAPE, torch.device("cuda", 1)) is None
-    assert tuned_on == [1] and current == [0]
+    assert tuned_on == [1] and fake_cuda_devices.current == 0
 
 
 @pytest.mark.gpu

@@ -12,7 +12,17 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vase_triton import reference
+from vase_triton.cache_tensors import CacheTensors
+from vase_triton.ops import attention as ops_attention
+from vase_triton.ops import cache_append as ops_cache_append
+from vase_triton.ops import eviction as ops_eviction
 from vase_triton.ops.attention import decode_attention_op
+from vase_triton.ops.candidate_pool import pooled_candidates
+from vase_triton.ops.device_guard import on_tensors_device
+from vase_triton.ops.gaussian import standard_normal_
+from vase_triton.ops.key_similarity import mean_key_similarity
+from vase_triton.ops.library_op import LibraryOp
+from vase_triton.ops.projected_energy import projected_energy
 
 
 @pytest.fixture
@@ -112,36 +122,39 @@ class _ReportsSecondGPU(torch.Tensor):
         return torch.device("cuda", 1)
 
 
-def test_a_call_runs_with_its_tensors_gpu_current(monkeypatch):
+def test_a_call_runs_with_its_tensors_gpu_current(fake_cuda_devices):
     """Triton launches on the current GPU: a call on cuda:1 while cuda:0 is current must switch to cuda:1."""
-    from vase_triton.ops.library_op import on_tensors_device
-
-    current = [0]
-    switched_to = []
-
-    class DeviceGuard:
-        def __init__(self, device):
-            self.index = torch.device(device).index
-
-        def __enter__(self):
-            switched_to.append(self.index)
-            self.previous, current[0] = current[0], self.index
-
-        def __exit__(self, *exc):
-            current[0] = self.previous
-
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
-    monkeypatch.setattr(torch.cuda, "device", DeviceGuard)
     seen_current = []
-    run = on_tensors_device(lambda *args, scale=1.0: seen_current.append(current[0]) or scale)
+    run = on_tensors_device(lambda *args, scale=1.0: seen_current.append(fake_cuda_devices.current) or scale)
     on_second = torch.Tensor._make_subclass(_ReportsSecondGPU, torch.zeros(1))
     assert run(3, on_second, scale=2.0) == 2.0
-    assert seen_current == [1] and switched_to == [1] and current == [0]
-    current[0] = 1  # already current: no switch
+    assert seen_current == [1] and fake_cuda_devices.switched_to == [1] and fake_cuda_devices.current == 0
+    fake_cuda_devices.current = 1  # already current: no switch
     run(on_second)
-    assert seen_current == [1, 1] and switched_to == [1]
+    assert seen_current == [1, 1] and fake_cuda_devices.switched_to == [1]
     run(torch.zeros(1), 0.5)  # CPU tensors: nothing to switch
-    assert seen_current == [1, 1, 1] and switched_to == [1]
+    assert seen_current == [1, 1, 1] and fake_cuda_devices.switched_to == [1]
+
+
+def _library_ops() -> list[LibraryOp]:
+    modules = (ops_attention, ops_cache_append, ops_eviction)
+    return [value for module in modules for value in vars(module).values() if isinstance(value, LibraryOp)]
+
+
+def test_every_op_launches_on_its_tensors_gpu():
+    """The registered ops, eagerly and as the dispatcher's CUDA kernel, and the plain ops of the
+    eviction's importance all run under `on_tensors_device`."""
+    guarded_code = on_tensors_device(print).__code__
+    registered = _library_ops()
+    assert {op.name for op in registered} == {
+        "vase_triton::prefill_attention", "vase_triton::decode_attention", "vase_triton::candidate_attention",
+        "vase_triton::append_", "vase_triton::evict_",
+    }  # fmt: skip
+    for op in registered:
+        assert op.function.__code__ is guarded_code, op.name
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name, "CUDA"), op.name
+    for plain in (pooled_candidates, mean_key_similarity, standard_normal_, projected_energy):
+        assert plain.__code__ is guarded_code and plain.__wrapped__ is not None, plain.__name__
 
 
 @pytest.mark.gpu
@@ -157,3 +170,29 @@ def test_an_op_on_a_second_gpu_runs_there_while_the_first_is_current():
     expected = reference.decode_attention(q.double(), k.double(), v.double(), lens, scale=0.125)
     torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(through_dispatcher.double(), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy", ["vase", "rkv", "vase-dkv"])
+def test_a_cache_on_a_second_gpu_evicts_the_same_whichever_gpu_is_current(policy):
+    """A prompt compressed at prefill (importance, selection, compaction) by a layer on cuda:1
+    leaves the same buffers, to the bit, with cuda:0 or cuda:1 current."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    from vase_triton.cache import VaSECacheLayer
+    from vase_triton.config import VaSEConfig
+
+    second = torch.device("cuda", 1)
+    generator = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, heads, 111, 64, generator=generator).to(second) for heads in (4, 2, 2))
+    config = VaSEConfig(policy=policy, budget=48, window=16)
+    buffers = []
+    for current in (1, 0):
+        layer = VaSECacheLayer(config, batch_size=2, num_kv_heads=2, head_dim=64, dtype=torch.float32, device=second)
+        with torch.cuda.device(current):
+            layer.prefill(q, k, v, scale=0.125)
+            torch.cuda.synchronize(second)
+        assert layer.n_evictions == 1
+        buffers.append([tensor.cpu() for tensor in layer.tensors])
+    for name, on_second, on_first in zip(CacheTensors._fields, *buffers):
+        assert torch.equal(on_second, on_first), name

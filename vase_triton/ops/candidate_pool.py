@@ -12,9 +12,11 @@ import torch
 
 from vase_triton import reference
 from vase_triton.backend import use_triton
+from vase_triton.ops.device_guard import on_tensors_device
 from vase_triton.validation import check_exact, check_non_negative_int, check_rank, check_same_device
 
 
+@on_tensors_device
 def pooled_candidates(attention: torch.Tensor, lengths: torch.Tensor, *, window: int, width: int) -> torch.Tensor:
     """Average pool of width `width` along each row's candidates; 0 outside them.
 

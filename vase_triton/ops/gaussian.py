@@ -13,9 +13,11 @@ import torch
 
 from vase_triton import reference
 from vase_triton.backend import use_triton
+from vase_triton.ops.device_guard import on_tensors_device
 from vase_triton.validation import check_exact, check_same_device
 
 
+@on_tensors_device
 def standard_normal_(out: torch.Tensor, *, seed: int, eviction_index: torch.Tensor) -> torch.Tensor:
     """Fill `out` with independent N(0, 1) draws, in place, and return it.
 

@@ -11,9 +11,11 @@ import torch
 
 from vase_triton import reference
 from vase_triton.backend import use_triton
+from vase_triton.ops.device_guard import on_tensors_device
 from vase_triton.validation import check_exact, check_non_negative_int, check_rank, check_same_device
 
 
+@on_tensors_device
 def mean_key_similarity(keys: torch.Tensor, lengths: torch.Tensor, *, window: int) -> torch.Tensor:
     """Each candidate key's mean cosine similarity to the other candidates of its row, 0 elsewhere.
 

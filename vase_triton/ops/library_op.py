@@ -9,26 +9,28 @@ fake implementation. A plain eager call runs the function itself: the dispatcher
 on a small CPU, more than half of a small decode step's append, and give these calls
 nothing (no gradients; the ops mutate only the library's own buffers).
 
-Triton launches a kernel on the current CUDA device, whatever device its tensors are on;
-every call therefore runs with its first CUDA tensor's device current (a model spread
-over several GPUs by `device_map` calls the ops with the current device left at cuda:0).
+Both ways run the function with its tensors' GPU current (`on_tensors_device`): the eager
+call directly, the dispatcher as the op's CUDA kernel.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from vase_triton.ops.device_guard import on_tensors_device
+
 
 class LibraryOp:
-    """A registered op (`.op`, a `torch.library.CustomOpDef`) and the function it runs (`.function`)."""
+    """A registered op (`.op`, a `torch.library.CustomOpDef` named `.name`) and the function it
+    runs (`.function`)."""
 
     def __init__(self, name: str, function: Callable, mutates_args: Sequence[str]):
+        self.name = f"vase_triton::{name}"
         self.function = on_tensors_device(function)
-        self.op = torch.library.custom_op(f"vase_triton::{name}", function, mutates_args=tuple(mutates_args))
+        self.op = torch.library.custom_op(self.name, function, mutates_args=tuple(mutates_args))
         self.op.register_kernel("cuda")(self.function)
 
     def register_fake(self, fake: Callable) -> Callable:
@@ -39,29 +41,6 @@ class LibraryOp:
         if torch.compiler.is_compiling() or _needs_dispatcher(args):
             return self.op(*args)
         return self.function(*args)
-
-
-def on_tensors_device(function: Callable) -> Callable:
-    """`function`, run with the device of its first CUDA tensor argument current."""
-
-    @functools.wraps(function)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        device = _first_cuda_device(args)
-        if device is None or device.index == torch.cuda.current_device():
-            return function(*args, **kwargs)
-        with torch.cuda.device(device):
-            return function(*args, **kwargs)
-
-    return run
-
-
-def _first_cuda_device(args: tuple) -> Optional[torch.device]:
-    for arg in args:
-        if isinstance(arg, torch.Tensor):
-            device = arg.device
-            if device.type == "cuda":
-                return device
-    return None
 
 
 def _needs_dispatcher(args: tuple) -> bool:
