@@ -7,19 +7,18 @@ KV cache held (every profile) and the device's peak allocated memory (CUDA). VaS
 are compared with both full caches at every length in the report, which also plots the
 curves.
 
-The `gpu` profile samples its lengths (1k to 16k tokens): each is measured on its own,
-128 timed steps, after one untimed, from a prompt that ends just before it
-(`DecodeSetting.sample_steps`), longest
-first, so that gpu_check reaches the 16k-token target in its time; a method stops after
-45 s, or `VASE_BENCH_DECODE_SECONDS`, and its curve then holds the lengths it measured.
-`deep` samples only the 16k-token length at Qwen3-8B's full depth (36 layers): at 4 layers
-the output projection's 1.2 GB is over a third of a VaSE step's bytes, which caps the
-speed-up a smaller cache can bring. `full` decodes 32k tokens in one run without a limit;
-`cpu` is the CPU measurement quoted in the README, also in one run. With
-`VASE_BENCH_DECODE_DEADLINE` (a Unix time) the methods share the time up to it instead:
-each gets an equal share of what is left when it starts, once the set-up time (`SETUP_S`:
-compilation and warm-up) of it and the methods after it is set aside, so the time a fast
-method does not need goes to the later ones.
+The `gpu` profile samples its lengths (1k to 16k tokens): each is measured on its own, 128
+timed steps, after one untimed, from a prompt that ends just before it
+(`DecodeSetting.sample_steps`), longest first, so that gpu_check reaches the 16k-token
+target in its time; a method stops after 45 s, or `VASE_BENCH_DECODE_SECONDS`, and its
+curve then holds the lengths it measured. `deep` samples only the 16k-token length at
+Qwen3-8B's full depth (36 layers): at 4 layers the output projection's 1.2 GB is over a
+third of a VaSE step's bytes, which caps the speed-up a smaller cache can bring. `full`
+decodes 32k tokens in one run without a limit; `cpu` is the CPU measurement quoted in the
+README, also in one run. With `VASE_BENCH_DECODE_DEADLINE` (a Unix time) the methods share
+the time up to it instead: each gets an equal share of what is left when it starts, once
+the set-up time (`SETUP_S`: compilation and warm-up) of it and the methods after it is set
+aside, so the time a fast method does not need goes to the later ones.
 """
 
 from __future__ import annotations

@@ -109,10 +109,15 @@ class DecodeSetting:
     sample_steps: Optional[int] = None  # measure each checkpoint on its own with this many timed steps
 
     def __post_init__(self) -> None:
-        if self.sample_steps is not None and not WARMUP_STEPS <= self.sample_steps <= min(self.checkpoints):
+        if self.sample_steps is None:
+            return
+        shortest = min(self.checkpoints)
+        # The shortest length's sampled prompt, `prompt_tokens + shortest - sampled_run_tokens`, needs a token.
+        most = min(shortest, self.prompt_tokens + shortest - 3)
+        if not WARMUP_STEPS <= self.sample_steps <= most:
             raise ValueError(
-                f"sample_steps: expected {WARMUP_STEPS} (the untimed run's steps) to the shortest checkpoint "
-                f"({min(self.checkpoints)}) or None; got {self.sample_steps!r}"
+                f"sample_steps: expected {WARMUP_STEPS} (the untimed run's steps) to {most} (the shortest checkpoint, "
+                f"{shortest}, with a sampled prompt of at least one token) or None; got {self.sample_steps!r}"
             )
 
     @property

@@ -100,9 +100,10 @@ def profile_method(model, method: Method, setting: DecodeSetting, device: torch.
     """Median step and profiler averages of `steps` decode steps of `method` after `warmup` tokens."""
     skips_before = counters["inductor"]["cudagraph_skips"]
     with prepared(model, method, setting, device, warmup=warmup) as ready:
+        # The steps the profiler keeps below: decode steps 2 to steps + 1 (the first warms up).
         clock = StepClock(setting.prompt_tokens, (), ready.cache, device)
-        ready.generate(model, steps + 1, stopping_criteria=[clock])
-        step_s = statistics.median(clock.seconds_between_stamps())
+        ready.generate(model, steps + 2, stopping_criteria=[clock])
+        step_s = statistics.median(clock.seconds_between_stamps()[1:])
         ready.empty_cache(model)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         # Regions end at each new token: the prefill's is skipped, one decode step warms up, `steps` are kept.

@@ -250,9 +250,16 @@ def test_sampled_vase_steps_evict_once_every_window(tiny_model, monkeypatch):
 
 @pytest.mark.parametrize("sample_steps", [7, 33])
 def test_sample_steps_must_fit_before_the_shortest_checkpoint(sample_steps):
-    expected = r"sample_steps: expected 8 \(the untimed run's steps\) to the shortest checkpoint \(32\)"
+    expected = r"sample_steps: expected 8 \(the untimed run's steps\) to 32 \(the shortest checkpoint, 32,"
     with pytest.raises(ValueError, match=expected):
         tiny_setting(sample_steps=sample_steps)
+
+
+def test_the_shortest_sampled_prompt_keeps_a_token():
+    """With a 2-token prompt, 32 steps at length 32 would start from an empty prompt (2 + 32 - 34)."""
+    assert tiny_setting(prompt_tokens=2, sample_steps=31).sampled_run_tokens == 33  # prompt 2 + 32 - 33 = 1
+    with pytest.raises(ValueError, match=r"to 31 \(the shortest checkpoint, 32, with a sampled prompt of at least"):
+        tiny_setting(prompt_tokens=2, sample_steps=32)
 
 
 def sampled_points(step_at, lengths, batch=BATCH):
