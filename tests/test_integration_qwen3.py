@@ -131,6 +131,32 @@ def test_same_seed_same_generation_other_seed_other_evictions(model, tokenizer, 
     assert not all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[2][1]))
 
 
+@pytest.mark.parametrize("mode, first_compiled_step", [("online", 1), ("cached", 0)])
+def test_online_autotuning_runs_a_caches_first_decode_step_eagerly(model, tokenizer, monkeypatch, mode,
+                                                                   first_compiled_step):  # fmt: skip
+    """Online mode tunes a launch at its first use: a cache's first decode step runs eagerly, so
+    that the decode launches are tuned outside compiled graphs; every later step is compiled."""
+    from vase_triton.autotune import lookup
+    from vase_triton.integrations.patching import patch_state
+
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    monkeypatch.setenv("VASE_AUTOTUNE", mode)
+    monkeypatch.setattr(lookup, "_settings", None)  # the mode is read again (and restored after the test)
+    vase_triton.patch_qwen3(model, VaSEConfig(budget=24, window=4))
+    state = patch_state(model)
+    compiled_at = []  # the cache's decode-step count at each compiled call
+
+    def compiled(**kwargs):
+        compiled_at.append(kwargs["vase_cache"].decode_steps)
+        return state.previous_forward(**kwargs)
+
+    state.compiled_forward = compiled
+    inputs = tokenizer(PROMPTS[:2])
+    for _ in range(2):  # the second call resets and reuses the cache: its first step is eager again
+        model.generate(**inputs, min_new_tokens=6, max_new_tokens=6, do_sample=False)
+    assert compiled_at == list(range(first_compiled_step, 5)) * 2
+
+
 def test_generate_reuses_its_cache_when_the_size_fits(model, tokenizer, monkeypatch):
     """Calls of the same size share one cache (reset: the outputs are those of a fresh cache, evictions
     and their random draws included); another batch size, length or configuration gets its own."""

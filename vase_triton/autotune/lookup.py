@@ -130,6 +130,11 @@ def reset() -> None:
     _views.clear()
 
 
+def mode() -> str:
+    """The lookup mode in force (`VASE_AUTOTUNE`, read at the first launch or call)."""
+    return (_settings or _read_settings()).mode
+
+
 def tuned_params(kernel: str, shape: tuple, device: torch.device) -> Optional[dict]:
     """Stored parameters of `kernel` for a launch of `shape` on `device`, or None (use the heuristic)."""
     current = _settings or _read_settings()

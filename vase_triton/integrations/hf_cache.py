@@ -241,6 +241,7 @@ class VaSECache(Cache):
             )
         super().__init__(layers=[_PassThroughLayer(self, store) for store in self.stores])
         self.seen_tokens = 0
+        self.decode_steps = 0  # decode steps run since the cache was made or reset
         self.in_step = False
         # Whether the open step adds one token per row to a cache that holds tokens (set by
         # begin_step: traced code reads this flag, never the token counts).
@@ -331,8 +332,9 @@ class VaSECache(Cache):
         self.in_step = True
 
     def end_step(self, num_new_tokens: int) -> None:
-        """Count the tokens of the forward pass that `begin_step` opened."""
+        """Count the tokens (and the decode step) of the forward pass that `begin_step` opened."""
         self.seen_tokens += num_new_tokens
+        self.decode_steps += self.is_decode_step
         self.abort_step()
 
     def abort_step(self) -> None:
@@ -400,4 +402,5 @@ class VaSECache(Cache):
         """Empty every layer without reallocating, ready for a new generation."""
         super().reset()
         self.seen_tokens = 0
+        self.decode_steps = 0
         self.abort_step()

@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from vase_triton.autotune import lookup
 from vase_triton.config import VaSEConfig
 from vase_triton.integrations.attention import register_attention
 from vase_triton.integrations.hf_cache import VaSECache
@@ -223,8 +224,9 @@ def _run_step(model, state: _PatchState, cache: VaSECache, kwargs: dict, new_tok
     # creation, which would otherwise read host-side lengths into compiled graphs.
     inputs = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else kwargs["inputs_embeds"]
     kwargs["attention_mask"] = cache.mask_placeholder(inputs.device)
-    decode = cache.is_decode_step
-    run = state.compiled_forward if state.compiled_forward is not None and decode else state.previous_forward
+    run = state.previous_forward
+    if state.compiled_forward is not None and cache.is_decode_step and not _tunes_this_step(cache):
+        run = state.compiled_forward
     try:
         output = run(**kwargs)
     except BaseException:
@@ -232,6 +234,13 @@ def _run_step(model, state: _PatchState, cache: VaSECache, kwargs: dict, new_tok
         raise
     cache.end_step(new_tokens)
     return output
+
+
+def _tunes_this_step(cache: VaSECache) -> bool:
+    """Whether a decode step runs eagerly for online autotuning: a cache's first, so that the
+    decode launches are tuned outside compiled graphs (under CUDA graphs a compiled step's first
+    run allocates into the graphs' private memory pool, tuning inputs included)."""
+    return cache.decode_steps == 0 and lookup.mode() == "online"
 
 
 def _chunk_kwargs(kwargs: dict, total: int, seen: int, start: int, stop: int) -> dict:
