@@ -50,6 +50,8 @@ CHECKPOINT_VARIABLE = "VASE_BENCH_CHECKPOINT"
 CURVE_SPAN = 256
 # Tokens the untimed run of a full-cache method generates (a VaSE one generates enough for two evictions).
 WARMUP_STEPS = 8
+# Tokens of a sampled length's run before its timed steps: the prefill's and one decode step's.
+UNTIMED_SAMPLED_TOKENS = 2
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ class DecodeSetting:
             return
         shortest = min(self.checkpoints)
         # The shortest length's sampled prompt, `prompt_tokens + shortest - sampled_run_tokens`, needs a token.
-        most = min(shortest, self.prompt_tokens + shortest - 3)
+        most = min(shortest, self.prompt_tokens + shortest - UNTIMED_SAMPLED_TOKENS - 1)
         if not WARMUP_STEPS <= self.sample_steps <= most:
             raise ValueError(
                 f"sample_steps: expected {WARMUP_STEPS} (the untimed run's steps) to {most} (the shortest checkpoint, "
@@ -128,7 +130,7 @@ class DecodeSetting:
     @property
     def sampled_run_tokens(self) -> int:
         """Tokens one sampled length generates: its prefill's, an untimed decode step, `sample_steps` timed."""
-        return self.sample_steps + 2
+        return self.sample_steps + UNTIMED_SAMPLED_TOKENS
 
     @property
     def warmup_prompt_tokens(self) -> int:

@@ -28,6 +28,7 @@ from typing import Optional, Sequence
 import torch
 
 from vase_triton.cache import VaSECacheLayer
+from vase_triton.graph_capture import capture
 
 
 def unsupported_reason(stores: Sequence[VaSECacheLayer]) -> Optional[str]:
@@ -90,15 +91,10 @@ class EvictionGraph:
     def _capture(self) -> Optional[torch.cuda.CUDAGraph]:
         graph = torch.cuda.CUDAGraph()
         try:
-            # The capture stream is one of the layers' device (torch.cuda.graph's shared default is
-            # made on whichever device was current at the process's first capture). A capture that
-            # fails raises out of torch.cuda.graph before it gives the caller's stream back, so the
-            # outer stream context does; thread_local: CUDA calls of other threads (a streamer's,
-            # say) may go on during capture.
-            with torch.cuda.device(self.device), torch.cuda.stream(torch.cuda.current_stream(self.device)):
-                capture_stream = torch.cuda.Stream(self.device)
-                with torch.cuda.graph(graph, stream=capture_stream, capture_error_mode="thread_local"):
-                    self._evict_on_device()
+            # thread_local: CUDA calls of other threads (a streamer's, say) may go on during capture.
+            with torch.cuda.device(self.device):
+                stream = torch.cuda.Stream(self.device)
+                capture(graph, self._evict_on_device, stream=stream, capture_error_mode="thread_local")
         except Exception as error:  # any failure leaves the eviction to the eager path, which re-raises real errors
             torch.cuda.synchronize(self.device)
             self.failure = f"{type(error).__name__}: {error}"

@@ -13,6 +13,8 @@ from typing import Callable, Optional
 import torch
 import triton.testing
 
+from vase_triton.graph_capture import capture
+
 WARMUP_MS = 10
 REPEAT_MS = 40
 
@@ -27,12 +29,7 @@ def capture_graph(launch: Callable[[], object]) -> Optional[torch.cuda.CUDAGraph
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     try:
-        # A capture that fails raises out of torch.cuda.graph before it restores the caller's
-        # stream; the outer stream context restores it. The capture runs on the warm-up stream, one
-        # of the current device (torch.cuda.graph's shared default is made on the device current
-        # at its first use).
-        with torch.cuda.stream(torch.cuda.current_stream()), torch.cuda.graph(graph, stream=side):
-            launch()
+        capture(graph, launch, stream=side)
     except RuntimeError:
         torch.cuda.synchronize()
         return None
