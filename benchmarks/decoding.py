@@ -175,11 +175,13 @@ class Trace:
 
 def build_model(layout: ModelLayout, num_layers: int, device: torch.device, dtype: torch.dtype):
     """`VASE_BENCH_CHECKPOINT` loaded whole when set, else a random-weight Qwen3 of `layout` with `num_layers`."""
-    from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
+
+    from vase_triton.integrations.loading import load_causal_lm
 
     checkpoint = os.environ.get(CHECKPOINT_VARIABLE, "").strip()
     if checkpoint:
-        model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).to(device)
+        model = load_causal_lm(checkpoint, dtype=dtype).to(device)
     else:
         previous = torch.get_default_dtype()
         torch.manual_seed(0)

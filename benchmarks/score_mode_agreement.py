@@ -138,13 +138,15 @@ def load(model_name: str, seed: int):
 
         prompt = "Question: Natalia sold 48 clips in April and half as many in May. How many in total?\nAnswer:"
         return tiny_qwen3(seed=seed), ByteTokenizer()(prompt)["input_ids"]
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from vase_triton.integrations.loading import load_causal_lm
 
     path = Path(model_name)
     if not path.is_dir():
         raise SystemExit(f"--model: expected 'tiny' or a local checkpoint directory; got {model_name!r}")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = load_causal_lm(path, dtype=torch.float32).eval()
     prompt = "Solve step by step: what is 17 * 23 + 4?"
     return model, tokenizer(prompt, return_tensors="pt")["input_ids"]
 

@@ -100,9 +100,9 @@ def main() -> None:
     from vase_triton.testbed.tokenizer import build_tokenizer
 
     if args.model_dir:
-        from transformers import AutoModelForCausalLM
+        from vase_triton.integrations.loading import load_causal_lm
 
-        model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32).eval()
+        model = load_causal_lm(args.model_dir, dtype=torch.float32).eval()
         tokenizer = build_tokenizer()
     else:
         model, tokenizer = load_testbed()

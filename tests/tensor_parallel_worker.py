@@ -13,16 +13,15 @@ import torch
 
 import vase_triton
 from vase_triton import VaSECache, VaSEConfig
+from vase_triton.integrations.loading import load_causal_lm
 
 
 def load(path: str):
-    from transformers import AutoModelForCausalLM
-
     try:
         from transformers.distributed import DistributedConfig
     except ImportError:
-        return AutoModelForCausalLM.from_pretrained(path, tp_plan="auto", dtype=torch.float32)
-    return AutoModelForCausalLM.from_pretrained(
+        return load_causal_lm(path, tp_plan="auto", dtype=torch.float32)
+    return load_causal_lm(
         path, distributed_config=DistributedConfig(tp_plan="auto"), dtype=torch.float32
     )
 

@@ -189,7 +189,9 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype):
     files; the hub is tried only for a bare `owner/name` that is not cached and only when
     it answers at once.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from vase_triton.integrations.loading import load_causal_lm
 
     path = Path(name).expanduser()
     local = path.is_dir()
@@ -228,7 +230,7 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype):
     quiet_transformers()
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **kwargs).to(device).eval()
+        model = load_causal_lm(name, dtype=dtype, **kwargs).to(device).eval()
     except Exception as error:  # transformers raises many types for a missing or invalid model
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise CommandError(f"--model: cannot load {name!r}: {first_line}") from None

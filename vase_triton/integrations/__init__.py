@@ -1,1 +1,1 @@
-"""Model integrations: transformers cache container, attention function and patching."""
+"""Model integrations: transformers cache container, attention function, patching and loading."""

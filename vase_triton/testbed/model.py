@@ -47,7 +47,7 @@ def load_testbed(*, device="cpu", dtype: torch.dtype = torch.float32):
     The tokenizer is rebuilt from the task vocabulary (the same as the shipped tokenizer
     files), which keeps loading independent of how a transformers version names its classes.
     """
-    from transformers import AutoModelForCausalLM
+    from vase_triton.integrations.loading import load_causal_lm
 
     if not (WEIGHTS_DIR / "model.safetensors").is_file():
         raise FileNotFoundError(
@@ -55,5 +55,5 @@ def load_testbed(*, device="cpu", dtype: torch.dtype = torch.float32):
             "`python -m vase_triton.testbed.train --out vase_triton/testbed/weights`); it is missing"
         )
     tokenizer = build_tokenizer()
-    model = AutoModelForCausalLM.from_pretrained(WEIGHTS_DIR, dtype=dtype).to(device).eval()
+    model = load_causal_lm(WEIGHTS_DIR, dtype=dtype).to(device).eval()
     return model, tokenizer
