@@ -31,7 +31,6 @@ takes minutes per method.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import statistics
 import time
@@ -312,11 +311,6 @@ def curve(step_seconds: list[float], memory: dict, batch: int) -> list[CurvePoin
     return points
 
 
-def _cache_argument(model) -> str:
-    """Name of the cache argument of `model.forward`: `cache` (transformers >= 5.24) or `past_key_values`."""
-    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
-
-
 def _make_cache(model, method: Method, setting: DecodeSetting):
     from transformers import DynamicCache, StaticCache
 
@@ -385,6 +379,7 @@ def prepared(model, method: Method, setting: DecodeSetting, device: torch.device
     """Patch `model` for `method` (VaSE), warm it up with `warmup` tokens (default: enough for two
     evictions with VaSE) and empty its cache; unpatch on exit."""
     import vase_triton
+    from vase_triton.integrations.patching import cache_keyword
 
     if device.type == "cuda":
         # Each method starts as in a fresh process: no compiled code, graphs or cached blocks of the last.
@@ -396,7 +391,7 @@ def prepared(model, method: Method, setting: DecodeSetting, device: torch.device
         vase_triton.patch_qwen3(model, method.vase_config(), compile_mode=compile_mode)
     try:
         warmup = min(_warmup_tokens(method, setting) if warmup is None else warmup, setting.new_tokens)
-        ready = Prepared(inputs, _make_cache(model, method, setting), _cache_argument(model), warmup, method, setting)
+        ready = Prepared(inputs, _make_cache(model, method, setting), cache_keyword(model), warmup, method, setting)
         ready.generate(model, warmup)
         ready.empty_cache(model)
         if device.type == "cuda":

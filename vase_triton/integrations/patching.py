@@ -51,7 +51,7 @@ class _PatchState:
     last_cache: Optional[VaSECache] = None  # the cache `generate` made last, reused when it fits
 
 
-def _cache_kwarg(model) -> str:
+def cache_keyword(model) -> str:
     """Name of the cache argument of `model.forward`: `cache` (transformers >= 5.24) or `past_key_values`."""
     parameters = inspect.signature(type(model).forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
@@ -106,7 +106,7 @@ def patch_model(
     state = _PatchState(
         config=vase_config,
         original_attn_implementation=original,
-        cache_kwarg=_cache_kwarg(model),
+        cache_kwarg=cache_keyword(model),
         compile_mode=compile_mode,
         compiled_forward=_compile(previous_forward, compile_mode),
         previous_forward=previous_forward,
