@@ -4,7 +4,6 @@ chunked long prompts, Qwen3-MoE, and transformers' generate conventions."""
 
 from __future__ import annotations
 
-import inspect
 import types
 import warnings
 
@@ -15,6 +14,7 @@ from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeCo
 import vase_triton
 from vase_triton import VaSECache, VaSEConfig
 from vase_triton.demo_model import ByteTokenizer
+from vase_triton.integrations.patching import cache_keyword
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Hi!", "Count: 1, 2, 3,"]
 TURNS = [" Tell me more.", " And then?"]
@@ -43,7 +43,7 @@ def test_calls_without_a_vase_cache_are_the_original_attention(model, tokenizer,
     kwargs = {"use_cache": False} if cache_kind == "use_cache_false" else {}
 
     def run():
-        extra = {"past_key_values": DynamicCache()} if cache_kind == "dynamic" else {}
+        extra = {cache_keyword(model): DynamicCache()} if cache_kind == "dynamic" else {}
         with torch.no_grad():
             return model(**inputs, **kwargs, **extra).logits
 
@@ -74,9 +74,8 @@ def test_training_runs_the_original_attention_and_the_vase_path_refuses_gradient
 
 def test_a_vase_cache_given_to_an_unpatched_model_raises(model, tokenizer):
     cache = VaSECache.for_model(model, FULL, batch_size=1, max_length=64)
-    native = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
     with pytest.raises(RuntimeError, match="not patched.*patch_qwen3"):
-        model.generate(**tokenizer(PROMPTS[0]), max_new_tokens=3, **{native: cache})
+        model.generate(**tokenizer(PROMPTS[0]), max_new_tokens=3, **{cache_keyword(model): cache})
 
 
 # ---------------------------------------------------------------------------- generate conventions
@@ -219,7 +218,7 @@ def test_three_turn_chat_equals_the_unpatched_model_with_a_dynamic_cache(model, 
             if turn is not None:
                 ids = torch.cat([ids, torch.tensor([tokenizer.encode(turn)[1:]])], dim=1)
             ids = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
-                                 do_sample=False, past_key_values=cache)
+                                 do_sample=False, **{cache_keyword(model): cache})
         return ids, cache
 
     want, _ = converse(False)
