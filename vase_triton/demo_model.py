@@ -1,8 +1,9 @@
-"""The built-in default model of the `vase-triton` command: a tiny, randomly initialised Qwen3.
+"""A tiny, randomly initialised Qwen3 and a byte tokenizer, for the README's snippets and the tests.
 
-It needs no download, so the command runs on a fresh CPU-only machine. Its weights
-are random, so its text is noise: it exercises the whole VaSE path (prefill
-compression, decode attention, evictions), not language quality.
+It needs no download, so it runs on a fresh CPU-only machine. Its weights are random,
+so its text is noise: it exercises the whole VaSE path (prefill compression, decode
+attention, evictions), not language quality; the trained model the `vase-triton`
+command runs by default is the testbed's (`vase_triton.testbed`).
 """
 
 from __future__ import annotations
