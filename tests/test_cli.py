@@ -97,6 +97,17 @@ def test_help(argv, capsys):
     assert "usage: vase-triton" in capsys.readouterr().out
 
 
+def test_policy_help_describes_every_policy_by_its_summary(capsys, monkeypatch):
+    from vase_triton.policies import POLICIES
+
+    monkeypatch.setenv("COLUMNS", "100000")  # argparse wraps help to the terminal, hyphens included
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    text = capsys.readouterr().out
+    for name, policy in POLICIES.items():
+        assert f"{name}: {policy.summary}" in text, name
+
+
 @pytest.mark.parametrize(
     "argv, fragment",
     [

@@ -102,7 +102,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, default_budget: Opt
     """Options for every `VaSEConfig` field (`--policy`, `--budget`, ..., `--prefill-chunk-size`)."""
     defaults = VaSEConfig()
     group = parser.add_argument_group("VaSE cache")
-    group.add_argument("--policy", default=defaults.policy, choices=list(POLICIES), help="eviction policy (default: vase)")
+    policies = " | ".join(f"{name}: {policy.summary}" for name, policy in POLICIES.items())
+    group.add_argument("--policy", default=defaults.policy, choices=list(POLICIES),
+                       help=f"eviction policy (default: {defaults.policy}). {policies}")
     group.add_argument("--budget", type=positive_int, help=f"tokens kept per head after an eviction (default {default_budget})")
     group.add_argument("--window", type=positive_int,
                        help=f"recent/observation window and eviction interval (default {defaults.window})")
