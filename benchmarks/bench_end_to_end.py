@@ -4,8 +4,8 @@ Each method (`benchmarks.decoding`) generates for a batch of random prompts; the
 timing samples are its decode steps, and its curve gives, at each checkpoint length, the
 median step latency, tokens/s over those steps (evicting steps included) and memory: the
 KV cache held (every profile) and the device's peak allocated memory (CUDA). VaSE's rows
-are compared with both full caches at every length in the report, which also plots the
-curves.
+are compared with each full cache the profile runs (`FULL_CACHES`) at every length in the
+report, which also plots the curves.
 
 The `gpu` profile samples its lengths (1k to 16k tokens): each is measured on its own, 128
 timed steps, after one untimed, from a prompt that ends just before it

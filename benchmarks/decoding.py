@@ -12,8 +12,9 @@ A `StepClock` stopping criterion stamps every step (CUDA events on GPU, `perf_co
 CPU), notes memory at the checkpoint lengths and can end a run at a wall-clock limit (the
 run's curve then ends with a point at the length it stopped at).
 Before the timed run each method generates once with the same cache object (reset in
-between, nothing reallocated) so that compilation, CUDA-graph capture and the eviction
-kernels' first launch stay out of the timing.
+between, nothing reallocated; a `DynamicCache`, which holds no buffers ahead, is replaced
+by a new one) so that compilation, CUDA-graph capture and the eviction kernels' first
+launch stay out of the timing.
 
 A setting with `sample_steps` measures each checkpoint length on its own instead of
 decoding all the way to it (`generate_sampled`): a prompt that ends `sample_steps + 2`

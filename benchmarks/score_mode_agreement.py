@@ -1,7 +1,7 @@
 """How much the two importance modes change which tokens are evicted, on real attention.
 
 vase_triton offers two definitions of the window attention that `vase`, `snapkv` and
-`rkv` rank candidates by (DESIGN.md §2):
+`rkv` rank candidates by (README, Policies):
 
 - `emitted`: decode attention adds each query's softmax over *all* cached slots (window
   included) into a score buffer; nothing is stored or recomputed;

@@ -1,4 +1,4 @@
-"""A second, independent implementation of every eviction policy (DESIGN.md §2), for one sequence.
+"""A second, independent implementation of every eviction policy (README, Policies), for one sequence.
 
 Written from the spec, loop by loop, in float64, without vase_triton's cache, kernels, ops or
 policy functions: the twin that the integration tests compare `patch_qwen3` against. It

@@ -1,4 +1,5 @@
-"""`vase_triton.ops.pooled_candidates` (the window policies' smoothing) against a float64 twin and the reference.
+"""`vase_triton.ops.candidate_pool.pooled_candidates` (the window policies' smoothing)
+against a float64 twin and the reference.
 
 The twin is the definition written out slot by slot in float64: the sum of the `width`
 attention values centred on a candidate, counting slots outside the candidates as 0,

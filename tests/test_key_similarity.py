@@ -1,4 +1,4 @@
-"""`vase_triton.ops.mean_key_similarity` (the input of `rkv`'s redundancy) against a float64 twin.
+"""`vase_triton.ops.key_similarity.mean_key_similarity` (the input of `rkv`'s redundancy) against a float64 twin.
 
 The twin is the definition written out pair by pair: the mean over the other candidates of
 the cosine similarity of two keys, in float64. Shapes are hostile (rows of 1, 63, 111 and

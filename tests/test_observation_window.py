@@ -1,4 +1,4 @@
-"""Every eviction observes exactly the queries its policy's definition names (DESIGN.md §2).
+"""Every eviction observes exactly the queries its policy's definition names (README, Policies).
 
 A layer is driven through prefill and decode steps while every query is recorded by token.
 At each eviction (prompt compression included) the attention the policy reads is checked

@@ -1,6 +1,6 @@
 """Every policy through `patch_qwen3` decodes exactly what an independent implementation does.
 
-`policy_twin` implements each policy of DESIGN.md §2 from its definition, in float64
+`policy_twin` implements each policy of the README's Policies from its definition, in float64
 loops, inside an unpatched model. On the tiny random Qwen3, greedy decoding with at least
 five evictions per layer must give the same tokens, and every layer and KV head must end
 up holding tokens at the same positions. Stochastic policies draw the same noise on both

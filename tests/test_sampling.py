@@ -142,7 +142,7 @@ def exact_same_set_probability(weights: tuple[float, ...], keep: int) -> float:
 
 @pytest.mark.parametrize("backend", ["kernel", "reference"])
 def test_sequences_and_kv_heads_draw_independently(backend: str, device) -> None:
-    """The noise is independent per sequence AND per KV head (DESIGN.md §2), not shared along either.
+    """The noise is independent per sequence AND per KV head (README, Policies), not shared along either.
 
     Disjoint pairs of rows that differ only in the sequence (`(2i, h)`, `(2i+1, h)`), or only
     in the KV head (`(b, 2j)`, `(b, 2j+1)`), keep the same set as independent draws do: the

@@ -4,7 +4,7 @@ Every buffer is allocated once, at construction (or, for buffers sized by the qu
 count when it is not given, at the first prefill), with `C = budget + window` slots per
 (sequence, KV head). Decode appends one token per step and attends over the valid slots;
 when the longest sequence reaches `C`, one eviction shrinks every sequence longer than
-`budget` back to `budget` slots (DESIGN.md §2). Which sequences are evicted is decided on
+`budget` back to `budget` slots (README, Policies). Which sequences are evicted is decided on
 device from `lengths`; the host keeps `length_bound`, an upper bound of the longest
 sequence that moves with the calls, never with device reads.
 

@@ -1,6 +1,6 @@
 """`VaSEConfig`: every knob of the eviction cache, validated once at construction.
 
-Defaults follow the VaSE paper (see DESIGN.md §2): a recent window of 64 tokens that is
+Defaults follow the VaSE paper (README, Policies): a recent window of 64 tokens that is
 also the observation window and the eviction interval, 4 attention sinks, and
 `budget // 4` value-protected tokens (sinks included) for the `vase` policy. What each
 policy observes and whether it samples lives in its `vase_triton.policies.Policy` entry.

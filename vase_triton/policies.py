@@ -1,6 +1,6 @@
 """Eviction policies as specs: one `Policy` entry per policy, in one registry.
 
-A policy is what differs between VaSE and its baselines (DESIGN.md §2): which queries it
+A policy is what differs between VaSE and its baselines (README, Policies): which queries it
 observes, how it turns what it observed into a per-slot importance, and three flags of
 the shared eviction op (sampled or top-k, value protection on by default, scores kept
 across evictions). Everything else — the static cache, sinks, the recent window, the
@@ -43,7 +43,7 @@ class EvictionInputs:
     cache: the layer's buffers (`N` slots per row; see `CacheTensors`).
     attention: `[B, Hkv, N]` float32 mean attention probability each slot received from
         the policy's observation queries (averaged over those queries and the query heads
-        of the KV group; for `all-queries`, summed over queries instead), or None for
+        of the KV group; for `all-queries`, summed over both instead), or None for
         policies that observe nothing. Only candidate slots are meaningful.
     window: recent-window size; candidates are slots `< lengths[b] - window`.
     layer: layer index; eviction_index: evictions this layer has done before this one.
@@ -83,7 +83,7 @@ class Policy:
     observation: which queries' attention the policy reads (`OBSERVATIONS`).
     stochastic: keep candidates by Gumbel-top-k sampling (∝ importance) instead of top-k.
     protect_values: default of `VaSEConfig.protect_values` (keep the largest value vectors).
-    summary: one line for the README's table and `--help`.
+    summary: one line describing the policy, shown by the command line's `--policy` help.
     needs_noise: the importance alone cannot rank (e.g. uniform), so the policy is refused
         with a temperature that would make its selection deterministic.
     """
@@ -142,7 +142,7 @@ def pooled_candidate_attention(config: "VaSEConfig", inputs: EvictionInputs) -> 
     The pool runs over candidate slots only: slots outside `[0, lengths[b] - window)` count as
     0 and the divisor is always `pool_kernel` (zero padding, `count_include_pad`), so the
     recent window's large attention never bleeds into the last candidates
-    (`vase_triton.ops.pooled_candidates`).
+    (`vase_triton.ops.candidate_pool.pooled_candidates`).
 
     Returns:
         `[B, Hkv, N]` float32, 0 outside the candidates.

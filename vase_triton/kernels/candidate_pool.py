@@ -45,7 +45,10 @@ def _candidate_pool_kernel(
 
 
 def pooled_candidates_triton(attention: torch.Tensor, lengths: torch.Tensor, window: int, width: int) -> torch.Tensor:
-    """`[B, Hkv, N]` float32 pooled importance of validated inputs (see `vase_triton.ops.pooled_candidates`)."""
+    """`[B, Hkv, N]` float32 pooled importance of validated inputs.
+
+    See `vase_triton.ops.candidate_pool.pooled_candidates`.
+    """
     batch, num_heads, num_slots = attention.shape
     pooled = torch.empty((batch, num_heads, num_slots), dtype=torch.float32, device=attention.device)
     if pooled.numel() == 0:

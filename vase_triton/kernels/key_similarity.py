@@ -107,7 +107,9 @@ def similarity_heuristic(shape: SimilarityShape) -> SimilarityConfig:
 def mean_key_similarity_triton(
     keys: torch.Tensor, lengths: torch.Tensor, window: int, config: Optional[SimilarityConfig] = None
 ) -> torch.Tensor:
-    """`[B, Hkv, N]` float32 mean similarities of validated inputs (see `vase_triton.ops.mean_key_similarity`).
+    """`[B, Hkv, N]` float32 mean similarities of validated inputs.
+
+    See `vase_triton.ops.key_similarity.mean_key_similarity`.
 
     `config`: launch parameters; None picks the tuned configuration of this shape, else the heuristic.
     """
