@@ -261,6 +261,20 @@ def test_a_long_new_turn_reads_either_mask_form(model, tokenizer):
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("keep", [1, 3, 6, 17, 40])
+def test_a_chunked_input_keeps_the_logits_logits_to_keep_asks_for(model, keep):
+    """Chunks of 8, the last of 2 tokens: the last `keep` positions' logits, the unpatched model's."""
+    ids = torch.arange(3, 37).view(1, 34)
+    want = model(input_ids=ids, logits_to_keep=keep).logits
+    config = VaSEConfig(policy="full", budget=64, window=8, prefill_chunk_size=8)
+    vase_triton.patch_qwen3(model, config)
+    cache = VaSECache.for_model(model, config, batch_size=1, max_length=ids.shape[1])
+    got = model(input_ids=ids, logits_to_keep=keep, cache=cache).logits
+    assert got.shape == want.shape == (1, min(keep, ids.shape[1]), want.shape[2])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
 def test_an_input_too_long_for_a_full_cache_is_refused_before_any_chunk_is_stored(model):
     config = VaSEConfig(policy="full", budget=64, window=8, prefill_chunk_size=16)
     vase_triton.patch_qwen3(model, config)

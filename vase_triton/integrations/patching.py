@@ -208,7 +208,7 @@ def _patched_forward(self, *args, **kwargs):
     seen = cache.seen_tokens
     for start, stop in cache.stores[0].chunk_bounds(new_tokens):
         part = _chunk_kwargs(kwargs, new_tokens, seen, start, stop)
-        needed = stop - start if keep == 0 else max(0, keep - (new_tokens - stop))
+        needed = stop - start if keep == 0 else min(stop - start, max(0, keep - (new_tokens - stop)))
         if "logits_to_keep" in inspect.signature(type(self).forward).parameters:
             part["logits_to_keep"] = 0 if needed == stop - start else max(needed, 1)
         outputs.append((needed, _run_step(self, state, cache, part, stop - start)))
