@@ -240,3 +240,15 @@ def test_policy_errors_are_clear() -> None:
         VaSEConfig(policy="bogus")
     with pytest.raises(ValueError, match="observation"):
         Policy("x", None, OBSERVE_WINDOW, stochastic=False, protect_values=False, summary="")
+
+
+@pytest.mark.parametrize(
+    "field, given",
+    [("stochastic", "False"), ("protect_values", 1), ("needs_noise", None), ("summary", 3)],
+)
+def test_policy_flags_and_summary_are_type_checked(field: str, given) -> None:
+    fields = dict(name="x", importance=lambda config, inputs: None, observation="nothing", stochastic=False,
+                  protect_values=False, summary="")
+    fields[field] = given
+    with pytest.raises(TypeError, match=rf"{field}: expected .*; got {given!r}"):
+        Policy(**fields)

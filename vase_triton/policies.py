@@ -103,6 +103,11 @@ class Policy:
             raise ValueError(f"observation: expected one of {', '.join(OBSERVATIONS)}; got {self.observation!r}")
         if self.importance is not None and not callable(self.importance):
             raise TypeError(f"importance: expected a callable or None; got {type(self.importance).__name__}")
+        for flag in ("stochastic", "protect_values", "needs_noise"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"{flag}: expected True or False; got {getattr(self, flag)!r}")
+        if not isinstance(self.summary, str):
+            raise TypeError(f"summary: expected a string; got {self.summary!r}")
         if self.needs_noise and not self.stochastic:
             raise ValueError(f"needs_noise: only a stochastic policy can need noise; {self.name!r} is not stochastic")
         if self.importance is None and self.observation != OBSERVE_NOTHING:
