@@ -13,7 +13,7 @@ from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeCo
 
 import vase_triton
 from vase_triton import VaSECache, VaSEConfig
-from vase_triton.demo_model import ByteTokenizer
+from vase_triton.demo_model import ByteTokenizer, tiny_qwen3
 from vase_triton.integrations.patching import cache_keyword
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Hi!", "Count: 1, 2, 3,"]
@@ -135,6 +135,98 @@ def test_refused_configurations_are_named_at_patch_time():
     with pytest.raises(ValueError, match="non-global layers.*layer 1: sliding_attention"):
         vase_triton.patch_qwen3(sliding)
     assert not vase_triton.is_patched(wide) and not vase_triton.is_patched(sliding)
+
+
+def test_a_compiled_wrapper_and_float64_weights_are_refused_at_patch_time(model):
+    compiled = torch.compile(model)
+    with pytest.raises(TypeError, match=r"model: expected the transformers model itself; got the torch.compile "
+                                        r"wrapper OptimizedModule \(patch the model before compiling it"):
+        vase_triton.patch_qwen3(compiled)
+    assert not vase_triton.is_patched(model) and model.config._attn_implementation != "vase"
+    with pytest.raises(ValueError, match=r"model: expected float16, bfloat16 or float32 weights .*; got torch.float64"):
+        vase_triton.patch_qwen3(model.double())
+    assert not vase_triton.is_patched(model)
+
+
+def _cache_state(cache: VaSECache) -> tuple:
+    return cache.seen_tokens, [(store.length_bound, store.lengths.tolist(), store.n_evictions) for store in cache.stores]
+
+
+@torch.no_grad()
+def test_inputs_that_do_not_fit_the_cache_are_refused_before_it_changes(model, tokenizer):
+    """Wrong rows on a decode step, a cache made for another layer count, 1-D ids: refused with the
+    argument named, and the cache, untouched, then decodes as if the mistake had not happened."""
+    config = VaSEConfig(policy="vase", budget=16, window=4, n_sink=1, seed=3)
+    vase_triton.patch_qwen3(model, config)
+    inputs = tokenizer(PROMPTS[:2])
+
+    def decode(cache, mistakes):
+        logits = model(**inputs, cache=cache).logits
+        for step in range(12):
+            token = logits[:, -1:].argmax(-1)
+            if step == 5:
+                for call, error, match in mistakes:
+                    before = _cache_state(cache)
+                    with pytest.raises(error, match=match):
+                        call(token)
+                    assert _cache_state(cache) == before and not cache.in_step
+            logits = model(input_ids=token, cache=cache).logits
+        return logits, _cache_state(cache)
+
+    deeper = vase_triton.patch_qwen3(tiny_qwen3(seed=1, num_layers=3), config)
+    mistakes = [
+        (lambda token: model(input_ids=token[:1], cache=cache),
+         ValueError, r"input_ids: expected 2 rows, the batch size the cache was made for; got 1"),
+        (lambda token: model(input_ids=token[:, 0], cache=cache), ValueError, r"input_ids: expected a \[B, T\] tensor"),
+        (lambda token: deeper(input_ids=torch.cat([token, token], dim=1), cache=cache),
+         ValueError, r"cache: made for num_layers=2, the model has num_layers=3"),
+    ]
+    cache = VaSECache.for_model(model, config, batch_size=2)
+    want = decode(cache, [])
+    cache = VaSECache.for_model(model, config, batch_size=2)
+    got = decode(cache, mistakes)
+    assert got[1] == want[1] and got[1][1][0][2] >= 2  # evictions before and after the mistakes
+    assert torch.equal(got[0], want[0])
+
+
+@torch.no_grad()
+def test_an_attention_implementation_set_after_patching_is_refused_until_patched_again(model, tokenizer):
+    inputs = tokenizer(PROMPTS[0])
+    want = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    vase_triton.patch_qwen3(model, FULL)
+    model.set_attn_implementation("eager")
+    cache = VaSECache.for_model(model, FULL, batch_size=1, max_length=64)
+    with pytest.raises(RuntimeError, match=r"model: its attention implementation is 'eager', set after patching"):
+        model.generate(**inputs, max_new_tokens=8, do_sample=False, cache=cache)
+    vase_triton.patch_qwen3(model, FULL)
+    assert torch.equal(model.generate(**inputs, max_new_tokens=8, do_sample=False), want)
+    vase_triton.unpatch(model)
+    assert model.config._attn_implementation == "eager"
+
+
+def test_a_chat_turn_without_the_conversation_names_what_input_ids_must_hold(model, tokenizer):
+    vase_triton.patch_qwen3(model, FULL)
+    cache = VaSECache.for_model(model, FULL, batch_size=1, max_length=128)
+    first = tokenizer(PROMPTS[0])
+    model.generate(**first, max_new_tokens=4, do_sample=False, cache=cache)
+    turn = torch.tensor([tokenizer.encode(TURNS[0])[1:6]])
+    with pytest.raises(ValueError, match=r"got 0 \(the cache holds a conversation of \d+ tokens: given to generate, "
+                                         r"input_ids holds the whole conversation"):
+        model.generate(input_ids=turn, attention_mask=torch.ones_like(turn), max_new_tokens=4, cache=cache)
+
+
+def test_use_cache_false_with_a_vase_cache_is_refused(model, tokenizer):
+    vase_triton.patch_qwen3(model, FULL)
+    cache = VaSECache.for_model(model, FULL, batch_size=1, max_length=64)
+    with pytest.raises(ValueError, match=r"use_cache: False with a VaSECache .*; got use_cache=False"):
+        model.generate(**tokenizer(PROMPTS[0]), max_new_tokens=4, use_cache=False, cache=cache)
+    assert cache.seen_tokens == 0
+
+
+@pytest.mark.parametrize("max_length", [0, -1, 2.5, True, "20"])
+def test_a_full_cache_refuses_a_max_length_that_is_not_a_positive_int(model, max_length):
+    with pytest.raises(ValueError, match=r"max_length: expected a positive int \(prompt \+ new tokens\); got"):
+        VaSECache.for_model(model, FULL, batch_size=1, max_length=max_length)
 
 
 # ---------------------------------------------------------------------------- hooks, devices, nesting

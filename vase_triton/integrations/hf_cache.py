@@ -206,6 +206,8 @@ class VaSECache(Cache):
             raise ValueError(
                 f"max_length: the {config.policy!r} policy never evicts, so its capacity (prompt + new tokens) is required"
             )
+        if not config.evicts and (not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1):
+            raise ValueError(f"max_length: expected a positive int (prompt + new tokens); got {max_length!r}")
         for name, value in (("num_layers", num_layers), ("batch_size", batch_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: expected a positive int; got {value!r}")
@@ -268,6 +270,21 @@ class VaSECache(Cache):
         wanted = _Layout.of(config, batch_size=batch_size, max_length=max_length, **_model_geometry(model))
         return wanted == self.layout
 
+    def check_model(self, model) -> None:
+        """Raise unless the buffers were made for `model`'s layer count, KV heads and head dim.
+
+        The dtype is left to the ops, which refuse keys of another dtype than the cache's: a
+        model run under autocast computes its keys in another dtype than its weights'.
+        """
+        geometry = _model_geometry(model)
+        for name in ("num_layers", "num_kv_heads", "head_dim"):
+            made_for, needed = getattr(self.layout, name), geometry[name]
+            if made_for != needed:
+                raise ValueError(
+                    f"cache: made for {name}={made_for}, the model has {name}={needed}; make the cache for this "
+                    "model with VaSECache.for_model(model, config, batch_size=...)"
+                )
+
     @classmethod
     def reuse_or_make(
         cls, previous: Optional["VaSECache"], model, config: VaSEConfig, *, batch_size: int,
@@ -310,7 +327,12 @@ class VaSECache(Cache):
         row's first token. `end_step` (or `abort_step`) must follow the forward pass.
         """
         if not isinstance(num_new_tokens, int) or num_new_tokens < 1:
-            raise ValueError(f"input_ids: expected at least one new token per row; got {num_new_tokens!r}")
+            conversation = (
+                f" (the cache holds a conversation of {self.seen_tokens} tokens: given to generate, input_ids holds "
+                "the whole conversation, its earlier turns included, then the new tokens)"
+                if self.seen_tokens else ""
+            )
+            raise ValueError(f"input_ids: expected at least one new token per row; got {num_new_tokens!r}{conversation}")
         self.step_valid_lengths = None
         self.is_decode_step = num_new_tokens == 1 and self.seen_tokens > 0
         if self.is_decode_step:

@@ -14,7 +14,7 @@ from typing import Optional
 
 from vase_triton.config import VaSEConfig
 from vase_triton.integrations.patching import patch_model, patch_state, unpatch
-from vase_triton.validation import SUPPORTED_HEAD_DIMS
+from vase_triton.validation import FLOAT_DTYPES, SUPPORTED_HEAD_DIMS
 
 ARCHITECTURES = {
     "patch_qwen3": ("qwen3", "qwen3_moe"),
@@ -37,6 +37,12 @@ def _non_global_layers(config) -> list[str]:
 
 def _checker(model_types: tuple[str, ...]):
     def check(model) -> None:
+        if hasattr(model, "_orig_mod"):  # torch.compile's OptimizedModule forwards attributes to the model
+            raise TypeError(
+                f"model: expected the transformers model itself; got the torch.compile wrapper {type(model).__name__} "
+                "(patch the model before compiling it, e.g. patch_qwen3(compiled._orig_mod); the patch's "
+                "compile_mode compiles its decode steps)"
+            )
         config = getattr(model, "config", None)
         model_type = getattr(config, "model_type", None)
         if model_type not in model_types or not hasattr(model, "generate"):
@@ -55,6 +61,11 @@ def _checker(model_types: tuple[str, ...]):
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"model: expected an attention head dim in {SUPPORTED_HEAD_DIMS}; got {head_dim}")
+        if model.dtype not in FLOAT_DTYPES:
+            raise ValueError(
+                f"model: expected float16, bfloat16 or float32 weights (the VaSE cache's dtypes); got {model.dtype} "
+                "(convert it first, e.g. model.to(torch.float32))"
+            )
 
     return check
 

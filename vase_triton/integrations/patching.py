@@ -42,6 +42,7 @@ _MISSING = object()
 class _PatchState:
     config: VaSEConfig
     original_attn_implementation: Optional[str]
+    attn_implementation: str  # the registered VaSE attention the patch set
     cache_kwarg: str
     compile_mode: Optional[str]
     compiled_forward: Optional[Callable]
@@ -95,6 +96,11 @@ def patch_model(
     state = patch_state(model)
     if state is not None:
         state.config = vase_config
+        current = model.config._attn_implementation
+        if current != state.attn_implementation:  # replaced since (set_attn_implementation): patch over it
+            state.original_attn_implementation = current
+            state.attn_implementation = register_attention(current)
+            model.set_attn_implementation(state.attn_implementation)
         if compile_mode != state.compile_mode:
             state.compile_mode = compile_mode
             state.compiled_forward = _compile(state.previous_forward, compile_mode)
@@ -106,6 +112,7 @@ def patch_model(
     state = _PatchState(
         config=vase_config,
         original_attn_implementation=original,
+        attn_implementation=name,
         cache_kwarg=cache_keyword(model),
         compile_mode=compile_mode,
         compiled_forward=_compile(previous_forward, compile_mode),
@@ -166,14 +173,17 @@ def _accept_newer_cache_keyword(state: _PatchState, kwargs: dict) -> None:
         kwargs["past_key_values"] = kwargs.pop("cache")
 
 
-def _new_tokens(args: tuple, kwargs: dict) -> int:
-    input_ids = kwargs.get("input_ids", args[0] if args else None)
-    if input_ids is not None:
-        return input_ids.shape[1]
-    inputs_embeds = kwargs.get("inputs_embeds")
-    if inputs_embeds is None:
-        raise ValueError("input_ids: expected input_ids or inputs_embeds; got neither")
-    return inputs_embeds.shape[1]
+def _input_rows_and_tokens(kwargs: dict) -> tuple[int, int]:
+    """`(B, T)` of the forward's `input_ids` `[B, T]` (or `inputs_embeds` `[B, T, hidden]`)."""
+    for name, layout in (("input_ids", "[B, T]"), ("inputs_embeds", "[B, T, hidden]")):
+        inputs = kwargs.get(name)
+        if inputs is None:
+            continue
+        if not isinstance(inputs, torch.Tensor) or inputs.dim() != layout.count(",") + 1:
+            given = f"shape {list(inputs.shape)}" if isinstance(inputs, torch.Tensor) else type(inputs).__name__
+            raise ValueError(f"{name}: expected a {layout} tensor; got {given}")
+        return inputs.shape[0], inputs.shape[1]
+    raise ValueError("input_ids: expected input_ids or inputs_embeds; got neither")
 
 
 def _refuse_gradients(model) -> None:
@@ -193,12 +203,23 @@ def _patched_forward(self, *args, **kwargs):
     if not isinstance(cache, VaSECache):
         return state.previous_forward(*args, **kwargs)
     _refuse_gradients(self)
+    if self.config._attn_implementation != state.attn_implementation:
+        raise RuntimeError(
+            f"model: its attention implementation is {self.config._attn_implementation!r}, set after patching, so "
+            "it would ignore the VaSE cache; patch it again (the same vase_triton.patch_* call) to run the VaSE "
+            "attention over it, or unpatch it first"
+        )
     if args:
         kwargs["input_ids"], args = args[0], args[1:]
     if args:
         raise TypeError("forward: with a VaSECache, pass every argument but input_ids by keyword")
-    new_tokens = _new_tokens((), kwargs)
+    rows, new_tokens = _input_rows_and_tokens(kwargs)
+    if rows != cache.stores[0].batch_size:
+        raise ValueError(
+            f"input_ids: expected {cache.stores[0].batch_size} rows, the batch size the cache was made for; got {rows}"
+        )
     if new_tokens > 1 or cache.seen_tokens == 0:  # not a decode step (`begin_step` checks those)
+        cache.check_model(self)
         cache.stores[0].check_room(new_tokens)  # refused whole, before any chunk is stored (layers fill alike)
     chunk = state.config.prefill_chunk_size
     if new_tokens <= chunk or isinstance(kwargs.get("logits_to_keep"), torch.Tensor):
@@ -304,6 +325,11 @@ def _patched_generate(self, *args, **kwargs):
         kwargs["cache_implementation"] = None
     _accept_newer_cache_keyword(state, kwargs)
     cache = _find_cache(kwargs)
+    if isinstance(cache, VaSECache) and _generation_setting(self, kwargs, "use_cache") is False:
+        raise ValueError(
+            "use_cache: False with a VaSECache would store the whole sequence again at every step; got "
+            "use_cache=False (drop the cache argument to generate without one)"
+        )
     if cache is None and kwargs.get("use_cache", True):
         kwargs[state.cache_kwarg] = _cache_for_call(self, state, args, kwargs)
     return state.previous_generate(*args, **kwargs)
@@ -328,7 +354,7 @@ def _cache_for_call(model, state: _PatchState, args: tuple, kwargs: dict) -> VaS
     max_new_tokens = _generation_setting(model, kwargs, "max_new_tokens")
     if max_new_tokens is None:
         max_new_tokens = max(1, (_generation_setting(model, kwargs, "max_length") or 0) - prompt_len)
-    batch_size, max_length = batch * num_return_sequences, prompt_len + max_new_tokens
+    batch_size, max_length = batch * num_return_sequences, prompt_len + int(max_new_tokens)
     state.last_cache = VaSECache.reuse_or_make(
         state.last_cache, model, state.config, batch_size=batch_size, max_length=max_length
     )
