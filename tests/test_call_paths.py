@@ -223,6 +223,11 @@ def test_use_cache_false_with_a_vase_cache_is_refused(model, tokenizer):
     assert cache.seen_tokens == 0
 
 
+def test_a_cache_for_something_that_is_not_a_model_is_refused():
+    with pytest.raises(TypeError, match=r"model: expected a causal LM with decoder layers at model.model.layers; got str"):
+        VaSECache.for_model("Qwen/Qwen3-8B", FULL, batch_size=1, max_length=64)
+
+
 @pytest.mark.parametrize("max_length", [0, -1, 2.5, True, "20"])
 def test_a_full_cache_refuses_a_max_length_that_is_not_a_positive_int(model, max_length):
     with pytest.raises(ValueError, match=r"max_length: expected a positive int \(prompt \+ new tokens\); got"):

@@ -149,9 +149,9 @@ def _first_kv_head(local_heads: int, total_heads: int) -> int:
 
 def _model_geometry(model) -> dict:
     """The `VaSECache` arguments `model` decides: layers, heads held here, head dim, dtype, per-layer devices."""
+    layers = decoder_layers(model)
     text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
-    layers = decoder_layers(model)
     attention = layers[0].self_attn
     kv_heads = _local_rows(attention.k_proj.weight) // head_dim
     total_kv_heads = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
