@@ -170,6 +170,10 @@ def prefill_attention(
         scores: `[B, Hkv, Tk]` float32 when `score_window > 0`, else None. Key `j` gets the
             probability mass of the last `score_window` queries of every query head of its
             group; rows sum to `score_window * Hq / Hkv` over valid keys, others are 0.
+            Each probability is recomputed as `exp(logit - lse)` in fp32 (on the Triton path),
+            so a logit of magnitude L carries a relative error of a few L * 2^-24: nothing
+            measurable for a model's logits (tens to hundreds), about 1 % at L = 1e5, and
+            meaningless scores near L = 1e7 (a scale far beyond `1 / sqrt(D)`).
     """
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         check_rank(name, tensor, 4, "[B, H, T, D]")
@@ -262,6 +266,7 @@ def candidate_attention(
     runs over keys `[0, candidate_lens[b])` only, then probabilities are averaged over the
     `W` queries and the query heads of each KV group. Runs the prefill kernels (a
     log-sum-exp pass without values, then the scores pass); no attention matrix is stored.
+    The probabilities' accuracy is that of `prefill_attention`'s scores.
 
     Args:
         q: `[B, Hq, W, D]` window queries (after RoPE), fp16, bf16 or fp32.
