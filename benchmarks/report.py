@@ -118,29 +118,51 @@ def _commit(commit_info: dict) -> str:
 
 
 def load_runs(paths: Sequence[Path], prefix: str = "#") -> list[Row]:
-    """Rows of every benchmark in `paths` (pytest-benchmark JSON written by the suites)."""
+    """Rows of every benchmark in `paths` (pytest-benchmark JSON written by the suites).
+
+    ValueError naming the file when one cannot be read, is not such a JSON, or holds a
+    malformed record (a hand-edited field of the wrong type, say).
+    """
     rows = []
     for index, path in enumerate(paths, start=1):
         data = _read_json(Path(path))
-        info = data.get("machine_info", {}).get("vase_bench") if isinstance(data, dict) else None
-        if info is None or not isinstance(data.get("benchmarks"), list):
+        machine_info = data.get("machine_info") if isinstance(data, dict) else None
+        info = machine_info.get("vase_bench") if isinstance(machine_info, dict) else None
+        if not isinstance(info, dict) or not isinstance(data.get("benchmarks"), list):
             raise ValueError(f"{path}: expected a pytest-benchmark JSON written by the vase_triton suites "
                              "(machine_info.vase_bench and benchmarks)")  # fmt: skip
-        run = Run(
-            id=f"{prefix}{index}",
-            source=Path(path).name,
-            device=info["device"],
-            profile=info["profile"],
-            versions=info["versions"],
-            commit=_commit(data.get("commit_info", {})),
-            date=data.get("datetime", "")[:19].replace("T", " "),
-            roofline=info.get("roofline"),
-            timing=info.get("timing", ""),
-        )
-        for bench in data["benchmarks"]:
-            if not all(name in (bench.get("extra_info") or {}) for name in ("suite", "kernel", "provider", "shape")):
-                raise ValueError(f"{path}: benchmark {bench.get('name')!r} has no vase_triton record (extra_info)")
-            rows.append(_row(run, bench))
+        try:
+            rows.extend(_rows_of_run(data, info, id=f"{prefix}{index}", source=Path(path).name))
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
+        except (KeyError, TypeError, AttributeError) as error:
+            problem = f"no field {error}" if isinstance(error, KeyError) else str(error)
+            raise ValueError(f"{path}: malformed record ({type(error).__name__}: {problem})") from None
+    return rows
+
+
+def _rows_of_run(data: dict, info: dict, *, id: str, source: str) -> list[Row]:
+    roofline = info.get("roofline")
+    for name in ("copy_gbs", "matmul_tflops"):
+        value = (roofline or {}).get(name)
+        if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):
+            raise ValueError(f"roofline.{name} must be a positive number; got {value!r}")
+    run = Run(
+        id=id,
+        source=source,
+        device=info["device"],
+        profile=info["profile"],
+        versions=dict(info["versions"]),
+        commit=_commit(data.get("commit_info") or {}),
+        date=(data.get("datetime") or "")[:19].replace("T", " "),
+        roofline=roofline,
+        timing=info.get("timing", ""),
+    )
+    rows = []
+    for bench in data["benchmarks"]:
+        if not all(name in (bench.get("extra_info") or {}) for name in ("suite", "kernel", "provider", "shape")):
+            raise ValueError(f"benchmark {bench.get('name')!r} has no vase_triton record (extra_info)")
+        rows.append(_row(run, bench))
     return rows
 
 
@@ -159,7 +181,7 @@ def _row(run: Run, bench: dict) -> Row:
     stats = bench.get("stats")
     if not stats or not 0 < stats["median"] < math.inf:  # untimed, or a NaN or zero median: no timing to report
         return Row(run, record, None, None, None, None, 0)
-    data = sorted(stats.get("data") or [])
+    data = sorted(float(sample) for sample in stats.get("data") or [])
     p20 = quantile(data, 0.2) if data else None
     p80 = quantile(data, 0.8) if data else None
     return Row(run, record, stats["median"], stats["iqr"], p20, p80, stats["rounds"])
@@ -768,36 +790,66 @@ def plot_curves(rows: Sequence[Row], directory: Path) -> list[str]:
 
 
 def _load_argument(parser: argparse.ArgumentParser, argument: str, paths: Sequence[Path], prefix: str) -> list[Row]:
-    """`load_runs(paths)`, or exit with status 2 and one line naming `argument` when a file is unusable."""
+    """`load_runs(paths)`, or exit with status 2 and one line naming `argument` when a file is unusable
+    or given twice, or when the files hold no benchmark at all."""
+    seen = set()
+    for path in paths:
+        if path.resolve() in seen:
+            parser.exit(2, f"{parser.prog}: error: argument {argument}: {path}: given twice\n")
+        seen.add(path.resolve())
     try:
-        return load_runs(paths, prefix)
+        rows = load_runs(paths, prefix)
     except ValueError as error:
         parser.exit(2, f"{parser.prog}: error: argument {argument}: {error}\n")
+    if not rows:
+        parser.exit(2, f"{parser.prog}: error: argument {argument}: no benchmark in {', '.join(map(str, paths))}\n")
+    return rows
+
+
+def _percent(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a finite percentage >= 0; got {text}")
+    return value
+
+
+def _directory(text: str) -> Path:
+    if not text:
+        raise argparse.ArgumentTypeError("expected a directory path; got an empty string")
+    return Path(text)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", type=Path, help="pytest-benchmark JSON files written by the suites")
-    parser.add_argument("--out", type=Path, required=True, help="directory for report.md, results.csv and the plots")
+    parser.add_argument("--out", type=_directory, required=True, help="directory for report.md, results.csv and the plots")
     parser.add_argument("--compare", nargs="+", type=Path, help="earlier JSON file(s) to compare the medians with")
-    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD_PERCENT,
-                        help="percent slower on the median that counts as a regression (default 5)")  # fmt: skip
+    parser.add_argument("--threshold", type=_percent,
+                        help=f"with --compare: percent slower on the median that counts as a regression "
+                             f"(default {DEFAULT_THRESHOLD_PERCENT:g})")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.threshold is not None and not args.compare:
+        parser.exit(2, f"{parser.prog}: error: argument --threshold: only means something with --compare\n")
     rows = _load_argument(parser, "results", args.results, "#")
-    threshold = args.threshold / 100.0
+    threshold = (DEFAULT_THRESHOLD_PERCENT if args.threshold is None else args.threshold) / 100.0
     changes = None
     if args.compare:
         changes = compare(rows, _load_argument(parser, "--compare", args.compare, "old #"), threshold)
+        if all(change.old_s is None or change.new_s is None for change in changes):
+            devices = sorted({row.run.device for row in rows})
+            parser.exit(2, f"{parser.prog}: error: argument --compare: no timed row matches one of this run by "
+                           f"device, suite, kernel, provider and shape (this run: {', '.join(devices)}); "
+                           "nothing was compared\n")  # fmt: skip
     try:
         args.out.mkdir(parents=True, exist_ok=True)
+        try:
+            plots, plot_note = plot_curves(rows, args.out), None
+        except ImportError:
+            plots, plot_note = [], "Plots not drawn: matplotlib is not installed (`pip install -e \".[bench]\"`)."
+        (args.out / "report.md").write_text(render(rows, changes, threshold, plots, plot_note))
+        write_csv(rows, args.out / "results.csv")
     except OSError as error:
-        parser.exit(2, f"{parser.prog}: error: argument --out: {args.out}: {error.strerror}\n")
-    try:
-        plots, plot_note = plot_curves(rows, args.out), None
-    except ImportError:
-        plots, plot_note = [], "Plots not drawn: matplotlib is not installed (`pip install -e \".[bench]\"`)."
-    (args.out / "report.md").write_text(render(rows, changes, threshold, plots, plot_note))
-    write_csv(rows, args.out / "results.csv")
+        parser.exit(2, f"{parser.prog}: error: argument --out: {error.filename or args.out}: {error.strerror}\n")
     print(f"report written to {args.out / 'report.md'} ({len(rows)} rows)")
     regressions = [change for change in changes or () if change.verdict == "REGRESSION"]
     for change in regressions:

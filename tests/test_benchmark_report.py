@@ -284,12 +284,87 @@ def test_comparison_flags_a_slowed_row_and_passes_an_unchanged_one(tmp_path, cap
     assert "1 regression(s)." in (tmp_path / "c" / "report.md").read_text()
 
 
-def test_rows_of_another_device_are_not_compared(tmp_path):
+def test_rows_of_another_device_are_not_compared_and_a_comparison_of_nothing_is_an_error(tmp_path, capsys):
     old = write_synthetic(tmp_path / "old.json", synthetic_rows(), device="NVIDIA H100 80GB HBM3")
     slower = write_synthetic(tmp_path / "slower.json", synthetic_rows(decode_slowdown=2.0))
-    assert report.main([str(slower), "--out", str(tmp_path / "r"), "--compare", str(old)]) == 0
     verdicts = {change.verdict for change in report.compare(report.load_runs([slower]), report.load_runs([old]), 0.05)}
     assert verdicts == {"new", "not in this run"}
+    with pytest.raises(SystemExit) as exit_info:
+        report.main([str(slower), "--out", str(tmp_path / "r"), "--compare", str(old)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "python -m benchmarks.report: error: argument --compare: no timed row matches one of this run by device, "
+        "suite, kernel, provider and shape (this run: NVIDIA H200); nothing was compared\n"
+    )
+
+
+def _edited(tmp_path: Path, edit) -> Path:
+    data = json.loads(write_synthetic(tmp_path / "good.json", synthetic_rows()).read_text())
+    edit(data)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _drop(mapping: dict, key: str) -> None:
+    del mapping[key]
+
+
+@pytest.mark.parametrize(
+    "edit, problem",
+    [(lambda d: _drop(d["machine_info"]["vase_bench"], "device"), "malformed record (KeyError: no field 'device')"),
+     (lambda d: d["machine_info"].update(vase_bench="x"), "expected a pytest-benchmark JSON"),
+     (lambda d: d["machine_info"]["vase_bench"].update(versions=None), "malformed record (TypeError"),
+     (lambda d: d.update(benchmarks=[1]), "malformed record (AttributeError"),
+     (lambda d: _drop(d["benchmarks"][0]["stats"], "median"), "malformed record (KeyError: no field 'median')"),
+     (lambda d: d["benchmarks"][0]["stats"].update(median="0.001"), "malformed record (TypeError"),
+     (lambda d: d["benchmarks"][0]["extra_info"].update(curve=[{"x": 1}]), "malformed record (TypeError"),
+     (lambda d: d["machine_info"]["vase_bench"]["roofline"].update(copy_gbs=0),
+      "roofline.copy_gbs must be a positive number; got 0")],
+    ids=["no-device", "record-not-a-dict", "versions-null", "row-not-a-dict", "no-median", "median-a-string",
+         "curve-point-fields", "zero-bandwidth"],
+)  # fmt: skip
+def test_a_hand_edited_record_is_a_one_line_error_naming_the_file(tmp_path, capsys, edit, problem):
+    path = _edited(tmp_path, edit)
+    with pytest.raises(SystemExit) as exit_info:
+        report.main([str(path), "--out", str(tmp_path / "r")])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"python -m benchmarks.report: error: argument results: {path}: ") and problem in error
+    assert error.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["{good}", "{good}"], "argument results: {good}: given twice"),
+     (["{empty}"], "argument results: no benchmark in {empty}"),
+     (["{good}", "--compare", "{good}", "--threshold", "-5"], "argument --threshold: expected a finite percentage"),
+     (["{good}", "--compare", "{good}", "--threshold", "nan"], "argument --threshold: expected a finite percentage"),
+     (["{good}", "--threshold", "7"], "argument --threshold: only means something with --compare"),
+     (["{good}", "--out="], "argument --out: expected a directory path; got an empty string")],
+    ids=["twice", "no-rows", "negative-threshold", "nan-threshold", "threshold-alone", "empty-out"],
+)  # fmt: skip
+def test_arguments_that_would_mislead_are_refused(tmp_path, capsys, argv, message):
+    names = dict(good=str(write_synthetic(tmp_path / "good.json", synthetic_rows())),
+                 empty=str(_edited(tmp_path, lambda d: d.update(benchmarks=[]))))
+    argv = [arg.format(**names) for arg in argv]
+    if not any(arg.startswith("--out") for arg in argv):
+        argv += ["--out", str(tmp_path / "r")]
+    with pytest.raises(SystemExit) as exit_info:
+        report.main(argv)
+    assert exit_info.value.code == 2
+    assert message.format(**names) in capsys.readouterr().err
+
+
+def test_an_output_directory_that_cannot_be_written_is_a_one_line_error(tmp_path, capsys):
+    out = tmp_path / "r"
+    (out / "report.md").mkdir(parents=True)
+    with pytest.raises(SystemExit) as exit_info:
+        report.main([str(write_synthetic(tmp_path / "good.json", synthetic_rows())), "--out", str(out)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"python -m benchmarks.report: error: argument --out: {out / 'report.md'}: Is a directory\n"
+    )
 
 
 def test_quantile_interpolates_linearly():
