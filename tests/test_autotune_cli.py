@@ -7,6 +7,8 @@ timer for a fake one, so the whole command (tuning, resume, table, store) runs o
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -169,8 +171,11 @@ def test_each_policy_tunes_the_importance_and_scores_its_evictions_launch():
         ({"num_attention_heads": 32, "num_key_value_heads": 5, "head_dim": 128}, "num_key_value_heads dividing"),
         ({"num_attention_heads": 8, "hidden_size": 8 * 96}, "head_dim in (32, 64, 128, 256); got 96"),
         ({"num_key_value_heads": 8}, "positive int num_attention_heads"),
+        ({"num_attention_heads": 32, "num_key_value_heads": 0, "head_dim": 128}, "dividing num_attention_heads = 32; got 0"),
+        ({"num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128.0}, "got 128.0"),
+        ({"text_config": "x", "num_attention_heads": 32}, "expected text_config to be an object; got 'x'"),
     ],
-    ids=["kv-heads", "head-dim", "heads"],
+    ids=["kv-heads", "head-dim", "heads", "zero-kv-heads", "float-head-dim", "text-config-not-an-object"],
 )
 def test_unusable_configs_are_refused_naming_the_field(tmp_path, config, fragment, capsys):
     path = tmp_path / "config.json"
@@ -297,6 +302,26 @@ def test_a_time_limit_stops_before_the_next_key_and_a_rerun_finishes(tiny_config
     assert main(argv) == 0
     finished = capsys.readouterr().out
     assert "stopped" not in finished and sum(line.startswith("append ") for line in finished.splitlines()) == 2
+
+
+def test_clear_with_an_unusable_store_directory_is_a_one_line_error(tmp_path, monkeypatch, fake_gpu, capsys):
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")
+    monkeypatch.setenv("VASE_AUTOTUNE_DIR", str(not_a_directory))
+    assert main(["autotune", "--clear"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"vase-triton: error: autotune --clear: cannot remove {not_a_directory}/") and err.count("\n") == 1
+
+
+def test_output_piped_into_a_reader_that_stops_ends_quietly(config_path):
+    """`vase-triton autotune --dry-run | head -1`: the reader closes the pipe first; no traceback."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "vase_triton", "autotune", "--config", str(config_path), "--dry-run"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    process.stdout.close()  # before the command's first line: its first write finds no reader
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 1 and err.decode() == ""
 
 
 def test_show_and_clear_need_a_gpu(capsys, monkeypatch):

@@ -7,6 +7,7 @@ non-zero (1 for a failure, 2 for bad arguments, 130 when interrupted).
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -36,6 +37,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("vase-triton: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of the output went away (`| head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail
+        return 1
 
 
 if __name__ == "__main__":

@@ -236,7 +236,11 @@ def _show(profile: DeviceProfile) -> int:
 
 def _clear(profile: DeviceProfile) -> int:
     file = store.StoreFile(settings.store_directory(), profile)
-    if file.clear():
+    try:
+        existed = file.clear()
+    except OSError as error:
+        raise CommandError(f"autotune --clear: cannot remove {file.path}: {error.strerror or error}") from None
+    if existed:
         print(f"removed {file.path}")
     else:
         print(f"nothing stored for {profile.name} ({profile.multiprocessors} SMs) in {file.path.parent}")

@@ -66,10 +66,13 @@ def layout_from_config(config: Mapping, source: str) -> AttentionLayout:
     Raises ValueError naming the field when one is missing or unusable.
     """
     text = config.get("text_config") or config
+    if not isinstance(text, Mapping):
+        raise ValueError(f"{source}: expected text_config to be an object; got {text!r}")
     heads = text.get("num_attention_heads")
     if type(heads) is not int or heads < 1:
         raise ValueError(f"{source}: expected a positive int num_attention_heads; got {heads!r}")
-    kv_heads = text.get("num_key_value_heads") or heads
+    kv_heads = text.get("num_key_value_heads")
+    kv_heads = heads if kv_heads is None else kv_heads  # absent or null: no grouped-query attention
     if type(kv_heads) is not int or kv_heads < 1 or heads % kv_heads:
         raise ValueError(
             f"{source}: expected num_key_value_heads dividing num_attention_heads = {heads}; got {kv_heads!r}"
@@ -80,7 +83,7 @@ def layout_from_config(config: Mapping, source: str) -> AttentionLayout:
         if type(hidden) is not int:
             raise ValueError(f"{source}: expected head_dim or an int hidden_size; got neither")
         head_dim = hidden // heads
-    if head_dim not in SUPPORTED_HEAD_DIMS:
+    if type(head_dim) is not int or head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"{source}: expected head_dim in {SUPPORTED_HEAD_DIMS}; got {head_dim!r}")
     return AttentionLayout(heads, kv_heads, head_dim, source)
 
