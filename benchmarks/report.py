@@ -132,7 +132,7 @@ def load_runs(paths: Sequence[Path], prefix: str = "#") -> list[Row]:
             raise ValueError(f"{path}: expected a pytest-benchmark JSON written by the vase_triton suites "
                              "(machine_info.vase_bench and benchmarks)")  # fmt: skip
         try:
-            rows.extend(_rows_of_run(data, info, id=f"{prefix}{index}", source=Path(path).name))
+            rows.extend(_rows_of_run(data, info, run_id=f"{prefix}{index}", source=Path(path).name))
         except ValueError as error:
             raise ValueError(f"{path}: {error}") from None
         except (KeyError, TypeError, AttributeError) as error:
@@ -141,14 +141,15 @@ def load_runs(paths: Sequence[Path], prefix: str = "#") -> list[Row]:
     return rows
 
 
-def _rows_of_run(data: dict, info: dict, *, id: str, source: str) -> list[Row]:
+def _rows_of_run(data: dict, info: dict, *, run_id: str, source: str) -> list[Row]:
+    """The rows of one file's run; KeyError, TypeError or AttributeError when a field is malformed."""
     roofline = info.get("roofline")
     for name in ("copy_gbs", "matmul_tflops"):
         value = (roofline or {}).get(name)
         if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):
             raise ValueError(f"roofline.{name} must be a positive number; got {value!r}")
     run = Run(
-        id=id,
+        id=run_id,
         source=source,
         device=info["device"],
         profile=info["profile"],
@@ -807,7 +808,10 @@ def _load_argument(parser: argparse.ArgumentParser, argument: str, paths: Sequen
 
 
 def _percent(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
     if not 0 <= value < math.inf:
         raise argparse.ArgumentTypeError(f"expected a finite percentage >= 0; got {text}")
     return value
@@ -822,7 +826,8 @@ def _directory(text: str) -> Path:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", type=Path, help="pytest-benchmark JSON files written by the suites")
-    parser.add_argument("--out", type=_directory, required=True, help="directory for report.md, results.csv and the plots")
+    parser.add_argument("--out", type=_directory, required=True,
+                        help="directory for report.md, results.csv and the plots")
     parser.add_argument("--compare", nargs="+", type=Path, help="earlier JSON file(s) to compare the medians with")
     parser.add_argument("--threshold", type=_percent,
                         help=f"with --compare: percent slower on the median that counts as a regression "

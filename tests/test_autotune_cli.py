@@ -171,7 +171,8 @@ def test_each_policy_tunes_the_importance_and_scores_its_evictions_launch():
         ({"num_attention_heads": 32, "num_key_value_heads": 5, "head_dim": 128}, "num_key_value_heads dividing"),
         ({"num_attention_heads": 8, "hidden_size": 8 * 96}, "head_dim in (32, 64, 128, 256); got 96"),
         ({"num_key_value_heads": 8}, "positive int num_attention_heads"),
-        ({"num_attention_heads": 32, "num_key_value_heads": 0, "head_dim": 128}, "dividing num_attention_heads = 32; got 0"),
+        ({"num_attention_heads": 32, "num_key_value_heads": 0, "head_dim": 128},
+         "dividing num_attention_heads = 32; got 0"),
         ({"num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128.0}, "got 128.0"),
         ({"text_config": "x", "num_attention_heads": 32}, "expected text_config to be an object; got 'x'"),
     ],
@@ -310,7 +311,8 @@ def test_clear_with_an_unusable_store_directory_is_a_one_line_error(tmp_path, mo
     monkeypatch.setenv("VASE_AUTOTUNE_DIR", str(not_a_directory))
     assert main(["autotune", "--clear"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"vase-triton: error: autotune --clear: cannot remove {not_a_directory}/") and err.count("\n") == 1
+    assert err.startswith(f"vase-triton: error: autotune --clear: cannot remove {not_a_directory}/")
+    assert err.count("\n") == 1
 
 
 def test_output_piped_into_a_reader_that_stops_ends_quietly(config_path):

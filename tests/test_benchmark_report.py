@@ -340,9 +340,10 @@ def test_a_hand_edited_record_is_a_one_line_error_naming_the_file(tmp_path, caps
      (["{empty}"], "argument results: no benchmark in {empty}"),
      (["{good}", "--compare", "{good}", "--threshold", "-5"], "argument --threshold: expected a finite percentage"),
      (["{good}", "--compare", "{good}", "--threshold", "nan"], "argument --threshold: expected a finite percentage"),
+     (["{good}", "--compare", "{good}", "--threshold", "abc"], "percentage >= 0; got abc"),
      (["{good}", "--threshold", "7"], "argument --threshold: only means something with --compare"),
      (["{good}", "--out="], "argument --out: expected a directory path; got an empty string")],
-    ids=["twice", "no-rows", "negative-threshold", "nan-threshold", "threshold-alone", "empty-out"],
+    ids=["twice", "no-rows", "negative-threshold", "nan-threshold", "text-threshold", "threshold-alone", "empty-out"],
 )  # fmt: skip
 def test_arguments_that_would_mislead_are_refused(tmp_path, capsys, argv, message):
     names = dict(good=str(write_synthetic(tmp_path / "good.json", synthetic_rows())),

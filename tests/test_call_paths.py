@@ -149,7 +149,8 @@ def test_a_compiled_wrapper_and_float64_weights_are_refused_at_patch_time(model)
 
 
 def _cache_state(cache: VaSECache) -> tuple:
-    return cache.seen_tokens, [(store.length_bound, store.lengths.tolist(), store.n_evictions) for store in cache.stores]
+    layers = [(store.length_bound, store.lengths.tolist(), store.n_evictions) for store in cache.stores]
+    return cache.seen_tokens, layers
 
 
 @torch.no_grad()
@@ -224,7 +225,8 @@ def test_use_cache_false_with_a_vase_cache_is_refused(model, tokenizer):
 
 
 def test_a_cache_for_something_that_is_not_a_model_is_refused():
-    with pytest.raises(TypeError, match=r"model: expected a causal LM with decoder layers at model.model.layers; got str"):
+    with pytest.raises(TypeError, match=r"model: expected a causal LM with decoder layers at model.model.layers; "
+                                        r"got str"):
         VaSECache.for_model("Qwen/Qwen3-8B", FULL, batch_size=1, max_length=64)
 
 

@@ -332,7 +332,9 @@ class VaSECache(Cache):
                 "the whole conversation, its earlier turns included, then the new tokens)"
                 if self.seen_tokens else ""
             )
-            raise ValueError(f"input_ids: expected at least one new token per row; got {num_new_tokens!r}{conversation}")
+            raise ValueError(
+                f"input_ids: expected at least one new token per row; got {num_new_tokens!r}{conversation}"
+            )
         self.step_valid_lengths = None
         self.is_decode_step = num_new_tokens == 1 and self.seen_tokens > 0
         if self.is_decode_step:
