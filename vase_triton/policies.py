@@ -78,8 +78,8 @@ class Policy:
     """One eviction policy.
 
     name: the `VaSEConfig.policy` value.
-    importance: `(config, EvictionInputs) -> [B, Hkv, N]` float32, or None for a policy
-        that never evicts (`full`).
+    importance: `(config, EvictionInputs) -> [B, Hkv, N]` float32, finite (a NaN ranks as
+        the least important), or None for a policy that never evicts (`full`).
     observation: which queries' attention the policy reads (`OBSERVATIONS`).
     stochastic: keep candidates by Gumbel-top-k sampling (∝ importance) instead of top-k.
     protect_values: default of `VaSEConfig.protect_values` (keep the largest value vectors).

@@ -112,7 +112,8 @@ def evict_(
         cache: the layer's `CacheTensors`, `N` slots per row (`lengths` in `[0, N]`, not
             checked: that would read them back to the host; larger values act as `N`).
         importance: `[B, Hkv, N]` float32 policy importance (`vase_triton.policies`);
-            must be non-negative when sampling.
+            must be non-negative when sampling. A NaN ranks with the non-positive ones (not
+            checked: that would read it back to the host).
         budget: slots kept per evicted row, `window < budget <= N`.
         window: recent slots always kept, `>= 1`.
         n_sink: sinks, `<= budget - window`; n_protect: value-protected tokens, sinks
