@@ -216,6 +216,14 @@ def test_a_chat_turn_without_the_conversation_names_what_input_ids_must_hold(mod
         model.generate(input_ids=turn, attention_mask=torch.ones_like(turn), max_new_tokens=4, cache=cache)
 
 
+@pytest.mark.parametrize("input_ids", [torch.zeros(0, 4, dtype=torch.long), torch.tensor([1, 5, 6]), [[1, 5, 6]]],
+                         ids=["no-rows", "1-d", "a-list"])
+def test_generate_names_input_ids_that_are_not_a_batch(model, input_ids):
+    vase_triton.patch_qwen3(model, FULL)
+    with pytest.raises(ValueError, match=r"input_ids: expected a \[B, T\] tensor of at least one row; got"):
+        model.generate(input_ids=input_ids, max_new_tokens=2)
+
+
 def test_use_cache_false_with_a_vase_cache_is_refused(model, tokenizer):
     vase_triton.patch_qwen3(model, FULL)
     cache = VaSECache.for_model(model, FULL, batch_size=1, max_length=64)

@@ -346,6 +346,9 @@ def _cache_for_call(model, state: _PatchState, args: tuple, kwargs: dict) -> VaS
     if inputs is None:
         inputs = kwargs.get("inputs_embeds")
     if inputs is not None:
+        if not isinstance(inputs, torch.Tensor) or inputs.dim() < 2 or inputs.shape[0] == 0:
+            given = f"shape {list(inputs.shape)}" if isinstance(inputs, torch.Tensor) else type(inputs).__name__
+            raise ValueError(f"input_ids: expected a [B, T] tensor of at least one row; got {given}")
         batch, prompt_len = inputs.shape[0], inputs.shape[1]
     else:  # generation starts from the BOS token
         mask = kwargs.get("attention_mask")
