@@ -6,6 +6,8 @@ for the long generations, which use the PyTorch reference backend for speed.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, StoppingCriteria
@@ -236,6 +238,27 @@ def test_compiled_decode_step_has_no_graph_break_and_matches_eager(model, tokeni
     with torch._dynamo.config.patch(error_on_recompile=True):  # one graph serves every decode step
         compiled = model.generate(**inputs, max_new_tokens=12, do_sample=False)
     assert torch.equal(compiled, eager)
+
+
+def test_cache_shapes_past_the_recompile_limit_decode_eagerly_with_one_warning(model, tokenizer, monkeypatch):
+    """Each batch size compiles a graph; past dynamo's limit, a hard error under fullgraph, the steps
+    of new shapes run eagerly (with the eager model's tokens) and those compiled before stay compiled."""
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    config = VaSEConfig(policy="snapkv", budget=20, window=4)
+    eager_model = vase_triton.patch_qwen3(tiny_qwen3(seed=1), config)
+    vase_triton.patch_qwen3(model, config, compile_mode="default")
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=1), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for rows in (1, 2, 3, 1):
+            inputs = tokenizer(PROMPTS[:rows])
+            want = eager_model.generate(**inputs, max_new_tokens=24, do_sample=False)
+            assert torch.equal(model.generate(**inputs, max_new_tokens=24, do_sample=False), want), rows
+    torch._dynamo.reset()
+    limit_warnings = [str(warning.message) for warning in caught if "recompile limit" in str(warning.message)]
+    assert len(limit_warnings) == 1 and "recompile_limit = 1" in limit_warnings[0]
+    layouts = model._vase_patch_state.eager_layouts
+    assert sorted(layout.batch_size for layout in layouts) == [2, 3]
 
 
 @pytest.mark.parametrize("policy, score_mode", [("vase", "recompute"), ("vase", "emitted"), ("h2o", "recompute")])

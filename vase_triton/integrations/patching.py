@@ -50,6 +50,7 @@ class _PatchState:
     previous_generate: Callable
     saved_attributes: dict  # instance attributes replaced by the patch (absent: _MISSING)
     last_cache: Optional[VaSECache] = None  # the cache `generate` made last, reused when it fits
+    eager_layouts: set = dataclasses.field(default_factory=set)  # cache layouts past the recompile limit
 
 
 def cache_keyword(model) -> str:
@@ -245,16 +246,41 @@ def _run_step(model, state: _PatchState, cache: VaSECache, kwargs: dict, new_tok
     # creation, which would otherwise read host-side lengths into compiled graphs.
     inputs = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else kwargs["inputs_embeds"]
     kwargs["attention_mask"] = cache.mask_placeholder(inputs.device)
-    run = state.previous_forward
-    if state.compiled_forward is not None and cache.is_decode_step and not _tunes_this_step(cache):
-        run = state.compiled_forward
+    compiled = state.compiled_forward is not None and cache.is_decode_step and not _tunes_this_step(cache)
     try:
-        output = run(**kwargs)
+        output = _compiled_step(state, cache, kwargs) if compiled else state.previous_forward(**kwargs)
     except BaseException:
         cache.abort_step()
         raise
     cache.end_step(new_tokens)
     return output
+
+
+def _compiled_step(state: _PatchState, cache: VaSECache, kwargs: dict):
+    """The decode step through the compiled forward; eagerly for a shape past torch.compile's recompile limit.
+
+    Each cache shape (batch size; for `full`, capacity) compiles a graph of its own, and dynamo
+    refuses a new one past `torch._dynamo.config.recompile_limit` (a hard error under
+    `fullgraph=True`, raised before the step runs). The steps of such a cache run eagerly, as
+    dynamo itself does without `fullgraph`; the shapes compiled before keep their graphs.
+    """
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    if cache.layout in state.eager_layouts:
+        return state.previous_forward(**kwargs)
+    try:
+        return state.compiled_forward(**kwargs)
+    except FailOnRecompileLimitHit:
+        if not state.eager_layouts:
+            warnings.warn(
+                f"compile_mode={state.compile_mode!r}: torch.compile's recompile limit "
+                f"(torch._dynamo.config.recompile_limit = {torch._dynamo.config.recompile_limit}) is reached, one "
+                "graph per cache shape (batch size; for policy 'full', prompt + new tokens); decode steps of new "
+                "shapes run eagerly. Raise the limit, or keep to fewer shapes, to compile them",
+                stacklevel=4,
+            )
+        state.eager_layouts.add(cache.layout)
+        return state.previous_forward(**kwargs)
 
 
 def _tunes_this_step(cache: VaSECache) -> bool:
