@@ -8,7 +8,7 @@ import time
 import pytest
 
 from vase_triton.eval import grading
-from vase_triton.eval.extraction import choice_letter, extract_answer, last_boxed
+from vase_triton.eval.extraction import choice_letter, extract_answer, last_boxed, opens_reasoning
 from vase_triton.eval.grading import grade, normalise
 from vase_triton.eval.tasks import gsm8k_gold, shuffled_choices
 
@@ -45,6 +45,46 @@ def test_extract_answer(text, expected):
 
 
 @pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("<think>\nThe answer seems to be 15? No wait, let me recompute: 3*4 =", None),
+        ("<think>\nI need to find the answer. Let x = 7. Then", None),
+        ("<think>\nthe answer must be at least 15, so let me try n = 16", None),
+        ("<think>\nSo far: the answer is 15, but let me check the", None),
+        ("<think>\nso \\boxed{5}. But wait, the sign", "5"),
+        ("Is 12 the right answer? I computed 15 instead.", None),
+        ("<think>\nOK.</think>\nThe answer is 12.\n\nI hope this answer helps!", "12"),
+        ("My answer is 12.\n\nHmm, I'm not confident in this answer.", "12"),
+        ("The answer is 12. Let me double check it later though.", "12"),
+        ("The answer is 3.5. Done.", "3.5"),
+        ("We are done.\n\n**Final Answer**\n42", "42"),
+        ("<think>\nmaybe \\boxed{41}\n</think>\nThe final answer is 42.", "42"),
+        ("<think>\nso it is \\boxed{41}\n</think>\n", "41"),
+    ],
+    ids=["cut-off-musing", "cut-off-find-the-answer", "cut-off-at-least", "cut-off-interim-statement",
+         "cut-off-box", "question-about-the-answer", "answer-word-after-the-answer", "doubt-after-the-answer",
+         "rest-of-the-sentence", "decimal-then-sentence", "final-answer-heading", "conclusion-over-reasoning-box",
+         "reasoning-box-when-the-conclusion-states-none"],
+)  # fmt: skip
+def test_what_counts_as_a_stated_answer(text, expected):
+    """A truncated reasoning's musings are not an answer; a statement is read to its sentence's end;
+    the text after `</think>` comes before the reasoning."""
+    assert extract_answer(text) == expected
+
+
+def test_a_reasoning_the_prompt_opened_is_read_as_one():
+    """DeepSeek-R1 templates end the prompt with `<think>`: the output continues the reasoning."""
+    r1_prompt = "<｜User｜>What is 3*4?<｜Assistant｜><think>\n"
+    assert opens_reasoning(r1_prompt) and not opens_reasoning("<think>\n\n</think>\n\nAnswer:")
+    assert not opens_reasoning("What is 3*4?")
+    cut_off = "Let me see, the answer is 15, but 3*4 is"
+    assert extract_answer(cut_off, reasoning_open=True) is None and extract_answer(cut_off) is not None
+    finished = "3*4 = 12.\n</think>\n\nThe answer is 12."
+    assert extract_answer(finished, reasoning_open=True) == extract_answer(finished) == "12"
+    assert extract_answer("so \\boxed{12}. But wait", reasoning_open=True) == "12"
+
+
+@pytest.mark.parametrize(
     "text",
     ["I am not sure how to continue; the recursion", "We get \\boxed{12 and then the proof breaks off", ""],
     ids=["rambling", "unclosed-brace", "empty"],
@@ -66,6 +106,7 @@ def test_last_boxed_skips_an_unclosed_final_box():
         ("so \\boxed{1+x^2}", "x^2+1", True),
         ("The area is \\boxed{10\\text{ cm}}.", "10", True),
         ("The angle is \\boxed{30^\\circ}.", "30", True),
+        ("The angle is \\boxed{30°}.", "30", True),
         ("#### 1,234", "1234", True),
         ("so \\boxed{(1, 2)}", "(1,2)", True),
         ("so \\boxed{4}", "3", False),
@@ -76,7 +117,7 @@ def test_last_boxed_skips_an_unclosed_final_box():
         ("so \\boxed{-2, 100}", "-2100", False),
         ("so \\boxed{2100}", "2, 100", False),
     ],
-    ids=["sqrt-dfrac", "fraction-decimal", "commuted", "units", "degrees", "thousands", "pair", "wrong", "inverted",
+    ids=["sqrt-dfrac", "fraction-decimal", "commuted", "units", "degrees", "degree-sign", "thousands", "pair", "wrong", "inverted",
          "last-box-wins", "thousands-token", "pair-is-not-thousands", "negative-pair", "gold-pair"],
 )
 def test_grade_math(output, gold, correct):
@@ -95,11 +136,12 @@ def test_grade_math(output, gold, correct):
         ("\\boxed{C: 4.2 eV}", "C"),
         ("\\boxed{\\text{(C) } 4.2 eV}", "C"),
         ("\\boxed{\\textbf{\\text{C}}}", "C"),
+        ("\\boxed{\\textbf{(C)}\\ 4.2}", "C"),
         ("\\boxed{E}", None),
         ("\\boxed{4.2}", None),
     ],
     ids=["plain", "parenthesised", "text", "answer-line", "letter-and-value", "lowercase", "letter-colon-value",
-         "text-letter-and-value", "nested-text", "out-of-range", "value-only"],
+         "text-letter-and-value", "nested-text", "amc-bold-letter-and-value", "out-of-range", "value-only"],
 )
 def test_choice_letters(output, letter):
     assert choice_letter(extract_answer(output), 4) == letter

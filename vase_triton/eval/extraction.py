@@ -2,7 +2,11 @@
 
 In order of preference: the last brace-matched `\\boxed{...}` (or `\\fbox{...}`), a GSM8K
 style `#### 42` line (a number alone, so a `#### Step 2` heading does not count), then the
-last final-answer line (`Final answer: 42`, `The answer is 42.`). For multiple-choice
+last final-answer statement (`Final answer: 42`, `The answer is 42.`: the word "answer"
+alone, as in "the answer must be at least 15", states nothing). An output that reasons in
+`<think> ... </think>` is read after `</think>` first, then its reasoning's boxes; one cut
+off inside `<think>` (its own, or one its prompt opened) states an answer only by a box or
+a `####` line. For multiple-choice
 questions the result is reduced to a letter.
 """
 
@@ -14,8 +18,11 @@ from typing import Optional
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _HASH_ANSWER = re.compile(r"####[ \t]*([-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)[ \t]*\.?[ \t]*$", re.MULTILINE)
 _ANSWER_LINE = re.compile(
-    r"\b(?:final\s+answer|answer)\b\s*(?:is|:|=)?\s*[:=]?\s*(.+)", re.IGNORECASE
+    r"\b(?:final\s+answer\s*(?:is\b|:|=|\*\*|$)|answer\s*(?:is\b|:|=))[ \t]*[:=*]*[ \t]*(.*)",
+    re.IGNORECASE | re.MULTILINE,
 )
+_SENTENCE_END = re.compile(r"\.\s")
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _LETTER = re.compile(r"^\(?\s*([A-Z])\s*\)?[.:)]?$", re.IGNORECASE)
 _LETTER_AND_VALUE = re.compile(r"^\(?([A-Z])\s*[):.]\s", re.IGNORECASE)
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\{([^{}]*)\}")
@@ -56,24 +63,50 @@ def last_boxed(text: str) -> Optional[str]:
     return None
 
 
+def _statement(text: str) -> str:
+    """What a final-answer statement says: up to the end of its sentence, markup stripped."""
+    text = _SENTENCE_END.split(text.strip().strip("*").strip(), maxsplit=1)[0]
+    return text.rstrip(".").strip().strip("$").strip()
+
+
 def _final_answer_line(text: str) -> Optional[str]:
-    matches = list(_ANSWER_LINE.finditer(text))
-    if not matches:
-        return None
-    answer = matches[-1].group(1).strip().strip("*").strip()
-    answer = answer.rstrip(".").strip().strip("$").strip()
-    return answer or None
+    """The last final-answer statement; a `**Final Answer**` heading's answer is on the next line."""
+    for match in reversed(list(_ANSWER_LINE.finditer(text))):
+        answer = _statement(match.group(1))
+        if not answer:
+            answer = _statement(text[match.end() :].lstrip("\n").split("\n", 1)[0])
+        if answer:
+            return answer
+    return None
 
 
-def extract_answer(text: str) -> Optional[str]:
-    """The final answer stated in `text`, or None when it states none."""
+def _stated_answer(text: str, *, statements: bool) -> Optional[str]:
+    """A box, else a `####` line, else (with `statements`) a final-answer statement."""
     boxed = last_boxed(text)
     if boxed:
         return boxed
     hashes = _HASH_ANSWER.findall(text)
     if hashes:
         return hashes[-1]
-    return _final_answer_line(text)
+    return _final_answer_line(text) if statements else None
+
+
+def opens_reasoning(prompt: str) -> bool:
+    """Whether `prompt` ends inside a `<think>` block (DeepSeek-R1 templates open it), which the
+    model's output then continues."""
+    return prompt.rfind(_THINK_OPEN) > prompt.rfind(_THINK_CLOSE)
+
+
+def extract_answer(text: str, *, reasoning_open: bool = False) -> Optional[str]:
+    """The final answer stated in `text`, or None when it states none.
+
+    `reasoning_open`: `text` continues a `<think>` block its prompt opened (`opens_reasoning`).
+    """
+    reasoning, closed, conclusion = text.rpartition(_THINK_CLOSE)
+    if closed:
+        return _stated_answer(conclusion, statements=True) or _stated_answer(reasoning, statements=False)
+    # Reasoning cut off: its musings ("the answer must be ...") are not an answer, a box is.
+    return _stated_answer(text, statements=not reasoning_open and _THINK_OPEN not in text)
 
 
 def choice_letter(answer: Optional[str], n_choices: int) -> Optional[str]:
@@ -83,7 +116,7 @@ def choice_letter(answer: Optional[str], n_choices: int) -> Optional[str]:
     """
     if answer is None:
         return None
-    text, unwrapped = answer.strip().strip("$"), 1
+    text, unwrapped = answer.strip().strip("$").replace("\\ ", " ").replace("~", " "), 1
     while unwrapped:
         text, unwrapped = _TEXT_WRAPPER.subn(r"\1", text)
     text = text.strip()

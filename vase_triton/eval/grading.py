@@ -41,7 +41,7 @@ def normalise(answer: str) -> str:
     text = answer.strip().strip("$").strip()
     text = re.sub(r"\\(?:left|right|displaystyle|!|,|;|:)", "", text)
     text = re.sub(r"\\[dt]frac", r"\\frac", text)
-    text = re.sub(r"\^\{?\\circ\}?", "", text)
+    text = re.sub(r"\^\{?\\circ\}?", "", text).replace("°", "")
     text = re.sub(r"\\(?:text|mathrm|textbf|mbox)\{([^{}]*)\}", r"\1", text)
     text = text.replace("\\%", "").replace("%", "")
     words = text.split()

@@ -28,7 +28,7 @@ from typing import Iterator, Optional, Sequence
 import torch
 
 from vase_triton.config import VaSEConfig
-from vase_triton.eval.extraction import extract_answer
+from vase_triton.eval.extraction import extract_answer, opens_reasoning
 from vase_triton.eval.grading import DEFAULT_TIMEOUT_S, grade
 from vase_triton.eval.prompting import render_prompt
 from vase_triton.eval.tasks import Problem
@@ -242,11 +242,13 @@ def generate_batch(model, tokenizer, prompts: Sequence[str], config: VaSEConfig,
     return new_ids, prompt_lengths, cache.n_evictions, cache.memory_bytes, seconds
 
 
-def _records(batch, run: Run, settings: EvalSettings, batch_index: int, seed: int, generated, tokenizer, eos_ids):
+def _records(
+    batch, prompts, run: Run, settings: EvalSettings, batch_index: int, seed: int, generated, tokenizer, eos_ids
+):
     new_ids, prompt_lengths, evictions, kv_bytes, seconds = generated
-    for (problem, sample), ids, prompt_length in zip(batch, new_ids, prompt_lengths):
+    for (problem, sample), prompt, ids, prompt_length in zip(batch, prompts, new_ids, prompt_lengths):
         text = tokenizer.decode(ids, skip_special_tokens=True)
-        answer = extract_answer(text)
+        answer = extract_answer(text, reasoning_open=opens_reasoning(prompt))
         verdict = grade(answer, problem.answer, choices=problem.choices, timeout_s=settings.grading_timeout_s)
         yield {
             "task": problem.task, "id": problem.id, "policy": run.policy, "budget": run.budget,
@@ -297,7 +299,8 @@ def run_eval(
             prompts = [render_prompt(tokenizer, problem) for problem, _ in batch]
             generated = generate_batch(model, tokenizer, prompts, config, settings, seed)
             lines = []
-            for record in _records(batch, run, settings, batch_index, seed, generated, tokenizer, eos_ids):
+            records = _records(batch, prompts, run, settings, batch_index, seed, generated, tokenizer, eos_ids)
+            for record in records:
                 key = sample_key(task, record["id"], run.policy, run.budget, record["sample"])
                 if key not in done:
                     lines.append(json.dumps(record, ensure_ascii=False) + "\n")

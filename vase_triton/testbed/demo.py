@@ -6,7 +6,7 @@ import torch
 
 from vase_triton.commands.common import format_bytes
 from vase_triton.config import VaSEConfig
-from vase_triton.eval.extraction import extract_answer
+from vase_triton.eval.extraction import extract_answer, opens_reasoning
 from vase_triton.eval.prompting import render_prompt
 from vase_triton.eval.runner import EvalSettings, generate_batch
 from vase_triton.testbed.harness import DEMO_PROBLEMS, SEQUENCE_TOKENS, testbed_problems
@@ -41,7 +41,8 @@ def side_by_side(config: VaSEConfig, *, problem_index: int, max_new_tokens: int,
     for label, run_config in runs:
         new_ids, _, evictions, kv_bytes, _ = generate_batch(model, tokenizer, [prompt], run_config, settings, config.seed)
         text = tokenizer.decode(new_ids[0], skip_special_tokens=True)
-        results.append((label, run_config, text, extract_answer(text), evictions, kv_bytes))
+        answer = extract_answer(text, reasoning_open=opens_reasoning(prompt))
+        results.append((label, run_config, text, answer, evictions, kv_bytes))
 
     words = problem.question.split()
     reads = [word for word in problem.reference.split() if word in STEP_WORDS]
