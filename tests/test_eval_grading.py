@@ -107,6 +107,7 @@ def test_last_boxed_skips_an_unclosed_final_box():
         ("The area is \\boxed{10\\text{ cm}}.", "10", True),
         ("The angle is \\boxed{30^\\circ}.", "30", True),
         ("The angle is \\boxed{30°}.", "30", True),
+        ("so \\boxed{12 square meters}", "12", True),
         ("#### 1,234", "1234", True),
         ("so \\boxed{(1, 2)}", "(1,2)", True),
         ("so \\boxed{4}", "3", False),
@@ -117,7 +118,7 @@ def test_last_boxed_skips_an_unclosed_final_box():
         ("so \\boxed{-2, 100}", "-2100", False),
         ("so \\boxed{2100}", "2, 100", False),
     ],
-    ids=["sqrt-dfrac", "fraction-decimal", "commuted", "units", "degrees", "degree-sign", "thousands", "pair", "wrong", "inverted",
+    ids=["sqrt-dfrac", "fraction-decimal", "commuted", "units", "degrees", "degree-sign", "two-unit-words", "thousands", "pair", "wrong", "inverted",
          "last-box-wins", "thousands-token", "pair-is-not-thousands", "negative-pair", "gold-pair"],
 )
 def test_grade_math(output, gold, correct):
@@ -150,6 +151,8 @@ def test_choice_letters(output, letter):
 
 def test_normalise_forms():
     assert normalise("$\\dfrac{1}{2}$") == normalise("\\frac{1}{2}")
+    assert normalise("10 \\text{ cm}") == normalise("10") == normalise("10 square meters")
+    assert normalise("x + m") == "x+m"  # a variable, not a unit: only a quantity's unit is dropped
     assert normalise("\\left( 1, 2 \\right)") == "(1,2)"
     assert normalise("12.0") == "12"
     assert normalise("5 dollars") == "5"

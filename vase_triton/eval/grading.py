@@ -35,7 +35,8 @@ class Grade:
 
 
 def normalise(answer: str) -> str:
-    """A canonical string form: no spacing, `$`, `\\left`/`\\right`, text wrappers or units;
+    """A canonical string form: no spacing, `$`, `\\left`/`\\right`, text wrappers, degree signs or
+    the unit words after a quantity (`10 cm`, not the `m` of `x + m`);
     thousands separators dropped from one number written `2,100`; `\\dfrac`/`\\tfrac` as
     `\\frac`; a trailing `.0` dropped."""
     text = answer.strip().strip("$").strip()
@@ -45,8 +46,11 @@ def normalise(answer: str) -> str:
     text = re.sub(r"\\(?:text|mathrm|textbf|mbox)\{([^{}]*)\}", r"\1", text)
     text = text.replace("\\%", "").replace("%", "")
     words = text.split()
-    while len(words) > 1 and words[-1].lower().strip(".") in _UNIT_WORDS:
-        words.pop()
+    first_unit = len(words)
+    while first_unit > 1 and words[first_unit - 1].lower().strip(".") in _UNIT_WORDS:
+        first_unit -= 1
+    if first_unit < len(words) and words[first_unit - 1][-1] in "0123456789})":  # a quantity's unit, not `x + m`
+        words = words[:first_unit]
     text = " ".join(words).rstrip(".")
     if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", text):  # one token: `2, 100` is a pair, not 2100
         text = text.replace(",", "")
