@@ -206,11 +206,12 @@ class VaSECache(Cache):
             raise ValueError(
                 f"max_length: the {config.policy!r} policy never evicts, so its capacity (prompt + new tokens) is required"
             )
-        if not config.evicts and (not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1):
-            raise ValueError(f"max_length: expected a positive int (prompt + new tokens); got {max_length!r}")
-        for name, value in (("num_layers", num_layers), ("batch_size", batch_size)):
+        sizes = [("num_layers", num_layers, ""), ("batch_size", batch_size, "")]
+        if not config.evicts:
+            sizes.append(("max_length", max_length, " (prompt + new tokens)"))
+        for name, value, meaning in sizes:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}: expected a positive int; got {value!r}")
+                raise ValueError(f"{name}: expected a positive int{meaning}; got {value!r}")
         devices = list(device) if isinstance(device, (list, tuple)) else [device] * num_layers
         if len(devices) != num_layers:
             raise ValueError(f"device: expected one device or {num_layers} (one per layer); got {len(devices)}")

@@ -174,15 +174,19 @@ def _accept_newer_cache_keyword(state: _PatchState, kwargs: dict) -> None:
         kwargs["past_key_values"] = kwargs.pop("cache")
 
 
+def _described(inputs) -> str:
+    """`shape [...]` of a tensor, else the type's name, for an error's "got ..."."""
+    return f"shape {list(inputs.shape)}" if isinstance(inputs, torch.Tensor) else type(inputs).__name__
+
+
 def _input_rows_and_tokens(kwargs: dict) -> tuple[int, int]:
     """`(B, T)` of the forward's `input_ids` `[B, T]` (or `inputs_embeds` `[B, T, hidden]`)."""
-    for name, layout in (("input_ids", "[B, T]"), ("inputs_embeds", "[B, T, hidden]")):
+    for name, rank, layout in (("input_ids", 2, "[B, T]"), ("inputs_embeds", 3, "[B, T, hidden]")):
         inputs = kwargs.get(name)
         if inputs is None:
             continue
-        if not isinstance(inputs, torch.Tensor) or inputs.dim() != layout.count(",") + 1:
-            given = f"shape {list(inputs.shape)}" if isinstance(inputs, torch.Tensor) else type(inputs).__name__
-            raise ValueError(f"{name}: expected a {layout} tensor; got {given}")
+        if not isinstance(inputs, torch.Tensor) or inputs.dim() != rank:
+            raise ValueError(f"{name}: expected a {layout} tensor; got {_described(inputs)}")
         return inputs.shape[0], inputs.shape[1]
     raise ValueError("input_ids: expected input_ids or inputs_embeds; got neither")
 
@@ -264,13 +268,11 @@ def _compiled_step(state: _PatchState, cache: VaSECache, kwargs: dict):
     `fullgraph=True`, raised before the step runs). The steps of such a cache run eagerly, as
     dynamo itself does without `fullgraph`; the shapes compiled before keep their graphs.
     """
-    from torch._dynamo.exc import FailOnRecompileLimitHit
-
-    if cache.layout in state.eager_layouts:
+    if state.eager_layouts and cache.layout in state.eager_layouts:  # hashes the layout only once one is there
         return state.previous_forward(**kwargs)
     try:
         return state.compiled_forward(**kwargs)
-    except FailOnRecompileLimitHit:
+    except _recompile_limit_error():  # evaluated only when the step raised: no import per step
         if not state.eager_layouts:
             warnings.warn(
                 f"compile_mode={state.compile_mode!r}: torch.compile's recompile limit "
@@ -281,6 +283,12 @@ def _compiled_step(state: _PatchState, cache: VaSECache, kwargs: dict):
             )
         state.eager_layouts.add(cache.layout)
         return state.previous_forward(**kwargs)
+
+
+def _recompile_limit_error() -> type:
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    return FailOnRecompileLimitHit
 
 
 def _tunes_this_step(cache: VaSECache) -> bool:
@@ -373,8 +381,7 @@ def _cache_for_call(model, state: _PatchState, args: tuple, kwargs: dict) -> VaS
         inputs = kwargs.get("inputs_embeds")
     if inputs is not None:
         if not isinstance(inputs, torch.Tensor) or inputs.dim() < 2 or inputs.shape[0] == 0:
-            given = f"shape {list(inputs.shape)}" if isinstance(inputs, torch.Tensor) else type(inputs).__name__
-            raise ValueError(f"input_ids: expected a [B, T] tensor of at least one row; got {given}")
+            raise ValueError(f"input_ids: expected a [B, T] tensor of at least one row; got {_described(inputs)}")
         batch, prompt_len = inputs.shape[0], inputs.shape[1]
     else:  # generation starts from the BOS token
         mask = kwargs.get("attention_mask")
