@@ -4,7 +4,7 @@ Batch 16, 256 prompt tokens, 16,384 generated tokens, greedy; decode time only (
 after the first token, CUDA events) and peak allocated memory. Full cache
 (`transformers` `DynamicCache`, SDPA kept off cuDNN) against `vase` at budget 4096 and `vase-dkv` at budget
 2048, on the Qwen3-14B configuration with random weights unless `VASE_BENCH_CHECKPOINT`
-names a local checkpoint: throughput does not depend on the weights. The paper (Qwen3-14B,
+names a local Qwen3-14B checkpoint: throughput does not depend on the weights. The paper (Qwen3-14B,
 one GPU) reports 132.9 / 333.4 / 410.9 tokens/s and 68.7 / 39.6 / 33.9 GB.
 
 The `full` profile runs the protocol (about 40 minutes on one H200, most of it the full

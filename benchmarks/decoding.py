@@ -6,7 +6,7 @@ The methods are what a user runs: Hugging Face's `DynamicCache` (eager), Hugging
 compile_mode=...)` (`reduce-overhead` on CUDA; on CPU eager, through the PyTorch
 reference). The model is a stack of Qwen3 layers of a registry layout with random
 weights (greedy decoding; throughput does not depend on the weights), or a local
-checkpoint (`VASE_BENCH_CHECKPOINT`).
+checkpoint of that layout and depth (`VASE_BENCH_CHECKPOINT`).
 
 A `StepClock` stopping criterion stamps every step (CUDA events on GPU, `perf_counter` on
 CPU), notes memory at the checkpoint lengths and can end a run at a wall-clock limit (the
@@ -173,14 +173,24 @@ class Trace:
         return len(self.step_seconds) * self.details["batch"] / self.decode_seconds
 
 
+# The configuration fields a checkpoint must share with the layout whose name its rows carry.
+LAYOUT_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size",
+                 "intermediate_size", "vocab_size", "tie_word_embeddings")  # fmt: skip
+
+
 def build_model(layout: ModelLayout, num_layers: int, device: torch.device, dtype: torch.dtype):
-    """`VASE_BENCH_CHECKPOINT` loaded whole when set, else a random-weight Qwen3 of `layout` with `num_layers`."""
-    from transformers import Qwen3ForCausalLM
+    """`VASE_BENCH_CHECKPOINT` loaded whole when set, else a random-weight Qwen3 of `layout` with `num_layers`.
+
+    The rows are named after `layout` at `num_layers` (`DecodeSetting.name`), so a checkpoint
+    whose configuration differs from it in any of `LAYOUT_FIELDS` is refused before its weights load.
+    """
+    from transformers import AutoConfig, Qwen3ForCausalLM
 
     from vase_triton.integrations.loading import load_causal_lm
 
     checkpoint = os.environ.get(CHECKPOINT_VARIABLE, "").strip()
     if checkpoint:
+        _check_checkpoint_layout(checkpoint, AutoConfig.from_pretrained(checkpoint), layout, num_layers)
         model = load_causal_lm(checkpoint, dtype=dtype).to(device)
     else:
         previous = torch.get_default_dtype()
@@ -194,6 +204,20 @@ def build_model(layout: ModelLayout, num_layers: int, device: torch.device, dtyp
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model.eval()
+
+
+def _check_checkpoint_layout(checkpoint: str, config, layout: ModelLayout, num_layers: int) -> None:
+    expected = layout.qwen3_config(num_layers)
+    differing = [
+        f"{name} {getattr(config, name, None)} ({layout.name} at {num_layers} layers: {getattr(expected, name)})"
+        for name in LAYOUT_FIELDS
+        if getattr(config, name, None) != getattr(expected, name)
+    ]
+    if differing:
+        raise ValueError(
+            f"{CHECKPOINT_VARIABLE}={checkpoint}: its configuration differs from the layout the rows are named "
+            f"after: {'; '.join(differing)}"
+        )
 
 
 def weights_description() -> str:

@@ -305,3 +305,17 @@ def test_a_method_limits_sdpa_backends_while_it_generates(method, cudnn):
     ready.generate(Model(), 4)
     assert seen == {"cudnn": cudnn and before, "flash": True}
     assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
+def test_a_checkpoint_must_have_the_layout_its_rows_are_named_after(tmp_path, monkeypatch):
+    """The rows carry the setting's name (`tiny-qwen3 B2 P16`: the layout at its depth), so a
+    checkpoint of another depth or head layout is refused, naming what differs, before its weights load."""
+    from benchmarks.shapes import TINY
+
+    three_layers = tmp_path / "three-layers"
+    decoding.build_model(TINY, 3, torch.device("cpu"), torch.float32).save_pretrained(three_layers)
+    monkeypatch.setenv(decoding.CHECKPOINT_VARIABLE, str(three_layers))
+
+    with pytest.raises(ValueError, match=r"num_hidden_layers 3 \(tiny-qwen3 at 2 layers: 2\)"):
+        decoding.build_model(TINY, 2, torch.device("cpu"), torch.float32)
+    assert decoding.build_model(TINY, 3, torch.device("cpu"), torch.float32).config.num_hidden_layers == 3
