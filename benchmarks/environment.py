@@ -54,10 +54,11 @@ def describe(profile: str, roofline: Optional[dict[str, Any]]) -> dict[str, Any]
         "profile": profile,
         "versions": package_versions(),
         "timing": (
-            "triton.testing.do_bench: CUDA events, L2 flushed before each call, around eager calls or "
-            "CUDA graph replays (each section says which)"
+            "kernel suites: triton.testing.do_bench (CUDA events, L2 flushed before each call) around eager calls or "
+            "CUDA graph replays (each section says which); end-to-end suites: a CUDA event at every generated token"
             if torch.cuda.is_available()
-            else "time.perf_counter around each call"
+            else "kernel suites: time.perf_counter around each call; end-to-end suites: time.perf_counter at every "
+            "generated token"
         ),
         "roofline": roofline,
         "threads": torch.get_num_threads(),
