@@ -3,10 +3,12 @@ atomic locked writes under concurrent writers."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import multiprocessing
 import warnings
 
+import filelock
 import pytest
 import torch
 import triton
@@ -214,6 +216,19 @@ def test_clear_removes_the_file(tmp_path):
     assert file.clear() is True
     assert not file.path.exists() and file.read() is None
     assert file.clear() is False
+
+
+def test_clear_keeps_the_lock_that_a_waiting_writer_holds(tmp_path):
+    # A writer that opened the lock file before `clear` and locks it afterwards must still
+    # exclude every later writer: removing the lock file would give the later ones a new one.
+    _valid_text(tmp_path)
+    file = store.StoreFile(tmp_path, PROFILE)
+    with open(file.lock_path, "a") as waiting:
+        file.clear()
+        fcntl.flock(waiting, fcntl.LOCK_EX)
+        with pytest.raises(filelock.Timeout):
+            with filelock.FileLock(str(file.lock_path), timeout=0.1):
+                pass
 
 
 def _write_many(directory: str, writer: int, count: int) -> None:

@@ -258,13 +258,15 @@ class StoreFile:
         return document
 
     def clear(self) -> bool:
-        """Remove the file (and its lock file); True when there was a file."""
+        """Remove the file; True when there was a file.
+
+        The lock file stays: removing it while another process waits on it would let a third
+        process lock a fresh file of the same name, and two writers would each hold "the" lock.
+        """
         with FileLock(str(self.lock_path), timeout=LOCK_TIMEOUT_S):
             existed = self.path.exists()
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
-        with contextlib.suppress(OSError):
-            self.lock_path.unlink()
         return existed
 
 
