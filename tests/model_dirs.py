@@ -6,9 +6,12 @@ from pathlib import Path
 from typing import Optional
 
 
-def save_model_dir(path: Path, chat_template: Optional[str] = None) -> Path:
-    """A tiny Qwen3 and a character-level fast tokenizer (ids 4.. are printable ASCII) saved in `path`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+def save_model_dir(path: Path, chat_template: Optional[str] = None, *, add_bos: bool = False) -> Path:
+    """A tiny Qwen3 and a character-level fast tokenizer (ids 4.. are printable ASCII) saved in `path`.
+
+    `add_bos`: the tokenizer puts `<bos>` (id 1) before every text it encodes, as Llama's do.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     from vase_triton.demo_model import tiny_qwen3
@@ -18,6 +21,8 @@ def save_model_dir(path: Path, chat_template: Optional[str] = None) -> Path:
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
+    if add_bos:
+        tokenizer.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
     )

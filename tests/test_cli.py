@@ -264,3 +264,127 @@ def test_chat_template_and_thinking_switch(tmp_path, capsys, monkeypatch):
         counts[name] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prompt_tokens"]
     # "<user>hi<assistant>" is 19 characters; the empty think block adds 15; plain is the prompt alone.
     assert counts == {"chat": 19, "no-think": 34, "plain": 2}
+
+
+def test_a_chat_template_that_writes_the_bos_gets_no_second_one(tmp_path, capsys, monkeypatch):
+    """The prompt is the template's tokens exactly: a tokenizer that also adds a BOS must not add it again."""
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    directory = save_model_dir(tmp_path, chat_template="{{ bos_token }}" + CHAT_TEMPLATE, add_bos=True)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    messages = [{"role": "user", "content": "hi"}]
+    templated = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    expected = tokenizer(templated, add_special_tokens=False)["input_ids"]
+    assert expected[:2] == [1, tokenizer.convert_tokens_to_ids("<")]  # one BOS, then the template's text
+    assert main(["generate", "--model", str(directory), "--prompt", "hi", "--max-new-tokens", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prompt_tokens"] == len(expected)
+    # Without the template the tokenizer's own BOS stays.
+    assert main(["generate", "--model", str(directory), "--prompt", "hi", "--max-new-tokens", "2", "--json",
+                 "--no-chat"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prompt_tokens"] == 3
+
+
+def test_bad_out_paths_fail_before_the_model_loads(saved_model_dir, tmp_path, capsys, monkeypatch):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("vase_triton.commands.generate.load_model", no_loading)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "abc"}\n')
+    model = ["generate", "--model", str(saved_model_dir), "--prompts", str(prompts)]
+    one_line_error(capsys, model + ["--out", str(tmp_path / "missing" / "out.jsonl")], "--out: cannot write")
+    one_line_error(capsys, model + ["--out", str(tmp_path)], "is a directory; expected a file path")
+    one_line_error(capsys, model + ["--out", str(prompts)], "is the --prompts file")
+    assert prompts.read_text() == '{"prompt": "abc"}\n'
+
+
+def test_each_batch_is_written_as_it_finishes(saved_model_dir, tmp_path, monkeypatch):
+    """A run interrupted in its second batch keeps the first batch's lines."""
+    from vase_triton.commands import generate
+
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    prompts, out = tmp_path / "prompts.jsonl", tmp_path / "out.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": text, "id": text}) + "\n" for text in ("ab", "cd", "ef")))
+    calls = []
+    lengths = generate._generated_lengths
+
+    def failing_second_batch(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return lengths(*args)
+
+    monkeypatch.setattr(generate, "_generated_lengths", failing_second_batch)
+    assert main(["generate", "--model", str(saved_model_dir), "--prompts", str(prompts), "--out", str(out),
+                 "--batch-size", "2", "--max-new-tokens", "3"]) == 130  # fmt: skip
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["ab", "cd"]
+
+
+@pytest.mark.parametrize("device", ["meta", "xpu", "cpu:3", "cuda:x"])
+def test_devices_other_than_cpu_and_cuda_are_refused_by_name(device, capsys):
+    one_line_error(capsys, ["generate", "--device", device], f"--device: expected cpu, cuda, cuda:N or auto; got {device!r}")
+
+
+def test_a_cuda_index_must_name_an_existing_device(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    one_line_error(capsys, ["generate", "--device", "cuda:2"], "--device: expected cuda:N with N < 2")
+
+
+def test_a_home_relative_model_directory_loads(saved_model_dir, capsys, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    monkeypatch.setenv("HOME", str(saved_model_dir.parent))
+    argv = ["generate", "--model", f"~/{saved_model_dir.name}", "--prompt", "hi", "--max-new-tokens", "2", "--json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prompt_tokens"] == 2
+    (saved_model_dir / "model.gguf").write_bytes(b"GGUF")
+    one_line_error(capsys, ["generate", "--model", str(saved_model_dir / "model.gguf")], "model.gguf is a file")
+
+
+def test_prompts_from_a_pipe_and_undecodable_prompts(saved_model_dir, tmp_path, capsys, monkeypatch):
+    import threading
+
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    model = ["generate", "--model", str(saved_model_dir), "--max-new-tokens", "2"]
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    writer = threading.Thread(target=lambda: pipe.write_text('{"prompt": "abc", "id": "piped"}\n'), daemon=True)
+    writer.start()
+    status = main(model + ["--prompts", str(pipe)])
+    if writer.is_alive():  # the pipe was never read: release the writer
+        os.close(os.open(pipe, os.O_RDONLY | os.O_NONBLOCK))
+    writer.join(timeout=10)
+    assert status == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["id"] == "piped"
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"prompt": "caf\xe9"}\n')
+    one_line_error(capsys, model + ["--prompts", str(latin)], "latin.jsonl is not UTF-8 text (byte 15)")
+    one_line_error(capsys, model + ["--prompt", "ab\udcffcd"], "--prompt: not valid UTF-8 text (character 2)")
+
+
+def test_sampling_options_that_would_be_ignored_are_refused(saved_model_dir, capsys, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    model = ["generate", "--model", str(saved_model_dir), "--prompt", "hi", "--max-new-tokens", "2"]
+    # The tiny model's generation config decodes greedily.
+    one_line_error(capsys, model + ["--top-p", "0.5"], "--top-p: only applies when sampling, and the model's")
+    one_line_error(capsys, model + ["--top-k", "5", "--temperature", "0"], "--top-k: only applies when sampling, and --te")
+    one_line_error(capsys, model + ["--temperature", "1e-300"], "--temperature: expected 0 (greedy) or at least 0.001")
+    for option in (["--temperature", "0.7"], ["--top-k", "3"], ["--batch-size", "2"], ["--no-think"]):
+        one_line_error(capsys, ["generate", *option], f"{option[0]}: only with --model")
+
+
+def test_a_chat_prompt_must_not_be_empty_before_its_template(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    directory = save_model_dir(tmp_path, chat_template=CHAT_TEMPLATE)
+    one_line_error(capsys, ["generate", "--model", str(directory), "--prompt", ""], "--prompt: the prompt is empty")
+
+
+def test_the_full_cache_summary_names_its_real_capacity(saved_model_dir, capsys, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    argv = ["generate", "--model", str(saved_model_dir), "--policy", "full", "--prompt", "hello", "--max-new-tokens", "30"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "policy:           full (no eviction, capacity 35)" in out and "eviction pays off" not in out

@@ -11,6 +11,7 @@ import argparse
 import math
 import os
 import socket
+import urllib.parse
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -21,6 +22,8 @@ from vase_triton.policies import POLICIES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HUB_HOST = ("huggingface.co", 443)
+# Below this a decoding temperature divides logits into overflow; use 0 for greedy decoding.
+MIN_DECODING_TEMPERATURE = 1e-3
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
@@ -98,7 +101,9 @@ def finite_float(low: float = 0.0, high: float = math.inf):
     return parse
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, *, default_budget: Optional[str] = "2048") -> None:
+def add_config_arguments(
+    parser: argparse.ArgumentParser, *, default_budget: Optional[str] = "2048", default_window: Optional[str] = None
+) -> None:
     """Options for every `VaSEConfig` field (`--policy`, `--budget`, ..., `--prefill-chunk-size`)."""
     defaults = VaSEConfig()
     group = parser.add_argument_group("VaSE cache")
@@ -107,7 +112,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, default_budget: Opt
                        help=f"eviction policy (default: {defaults.policy}). {policies}")
     group.add_argument("--budget", type=positive_int, help=f"tokens kept per head after an eviction (default {default_budget})")
     group.add_argument("--window", type=positive_int,
-                       help=f"recent/observation window and eviction interval (default {defaults.window})")
+                       help=f"recent/observation window and eviction interval (default {default_window or defaults.window})")
     group.add_argument("--n-sink", type=non_negative_int, default=defaults.n_sink,
                        help=f"first tokens never evicted (default {defaults.n_sink})")
     group.add_argument("--n-protect", type=non_negative_int, help="value-protected tokens, sinks included (default budget // 4)")
@@ -153,14 +158,21 @@ def check_backend(device: torch.device) -> None:
 
 
 def resolve_device(name: str) -> torch.device:
+    """`--device`: `cpu`, `cuda`, `cuda:N` (an existing device) or `auto` (CUDA when available)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise CommandError(f"--device: expected cpu, cuda, cuda:N or auto; got {name!r}") from None
+        device = None
+    if device is None or device.type not in ("cpu", "cuda") or (device.type == "cpu" and device.index is not None):
+        raise CommandError(f"--device: expected cpu, cuda, cuda:N or auto; got {name!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CommandError(f"--device: {name} requested but no CUDA device is available")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise CommandError(
+            f"--device: expected cuda:N with N < {torch.cuda.device_count()} (the CUDA devices here); got {name!r}"
+        )
     return device
 
 
@@ -169,11 +181,19 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face Hub answers a TCP connection within `timeout` seconds (and is not disabled)."""
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+    """Whether the Hugging Face Hub (`HF_ENDPOINT`'s host when set) answers a TCP connection within
+    `timeout` seconds, and `HF_HUB_OFFLINE` does not disable it (1, on, yes, true, as huggingface_hub reads it)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE"):
+        return False
+    endpoint = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT", "").strip() or f"https://{HUB_HOST[0]}")
+    try:
+        port = endpoint.port or (80 if endpoint.scheme == "http" else HUB_HOST[1])
+    except ValueError:
+        return False
+    if not endpoint.hostname:
         return False
     try:
-        with socket.create_connection(HUB_HOST, timeout=timeout):
+        with socket.create_connection((endpoint.hostname, port), timeout=timeout):
             return True
     except OSError:
         return False
@@ -197,6 +217,8 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype):
 
     path = Path(name).expanduser()
     local = path.is_dir()
+    if path.is_file():
+        raise CommandError(f"--model: {name} is a file; expected a transformers model directory or a hub id")
     if not local and _looks_like_a_path(name):
         raise CommandError(f"--model: no such directory: {name}")
     if local:
@@ -204,6 +226,7 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype):
             raise CommandError(f"--model: {name} has no config.json (not a transformers model directory)")
         if not any((path / file).is_file() for file in TOKENIZER_FILES):
             raise CommandError(f"--model: {name} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
+        name = str(path)  # transformers does not expand `~`
     kwargs = dict(local_files_only=True)
     if not local:
         try:
@@ -252,12 +275,23 @@ def quiet_transformers() -> None:
 def sampling_settings(model, temperature: Optional[float], top_p: Optional[float], top_k: Optional[int]) -> dict:
     """Decoding settings: the values given, else the model's generation config (greedy when it says so).
 
-    A temperature of 0 means greedy decoding.
+    A temperature of 0 means greedy decoding; `top_p` or `top_k` with greedy decoding is refused
+    (it would be ignored), and so is a positive temperature below `MIN_DECODING_TEMPERATURE`.
     """
     config = model.generation_config
+    if temperature is not None and 0 < temperature < MIN_DECODING_TEMPERATURE:
+        raise CommandError(
+            f"--temperature: expected 0 (greedy) or at least {MIN_DECODING_TEMPERATURE:g}; got {temperature:g}"
+        )
+    greedy_by = "--temperature 0" if temperature == 0 else "the model's generation config"
     if temperature is None:
         temperature = (config.temperature or 1.0) if config.do_sample else 0.0
     if temperature == 0:
+        for option, given in (("--top-p", top_p), ("--top-k", top_k)):
+            if given is not None:
+                raise CommandError(
+                    f"{option}: only applies when sampling, and {greedy_by} decodes greedily (give --temperature > 0)"
+                )
         return {"do_sample": False}
     settings = {"do_sample": True, "temperature": float(temperature)}
     top_p = top_p if top_p is not None else config.top_p

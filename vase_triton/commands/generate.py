@@ -17,7 +17,6 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -37,11 +36,13 @@ from vase_triton.commands.common import (
     resolve_dtype,
     sampling_settings,
 )
-from vase_triton.testbed.harness import DEMO_PROBLEMS
+from vase_triton.config import VaSEConfig
+from vase_triton.testbed.harness import DEMO_PROBLEMS, TESTBED_WINDOW
 
 DEFAULT_PROMPT = "Question: Natalia sold 48 clips in April and half as many in May. How many clips in total?\nAnswer:"
 DEFAULT_BUDGET = 2048
 DEFAULT_MAX_NEW_TOKENS = 1024
+DEFAULT_BATCH_SIZE = 8
 COMPILE_CHOICES = ("none", "default", "reduce-overhead", "max-autotune")
 
 
@@ -56,11 +57,13 @@ def add_generate_command(commands) -> None:
     source = parser.add_argument_group("model and prompts")
     source.add_argument("--model", help="local directory or hub id of a Qwen3 / Qwen3-MoE / Qwen2 / Llama causal LM")
     prompts = source.add_mutually_exclusive_group()
-    prompts.add_argument("--prompt", help="one prompt (streamed as it is generated)")
+    prompts.add_argument("--prompt", help="one prompt, streamed as it is generated (default: a short grade-school "
+                         "word problem)")
     prompts.add_argument("--prompts", type=Path, help='JSONL file, one {"prompt": ..., "id": ...} per line, run as batches')
     source.add_argument("--out", type=Path, help="with --prompts: write the JSON line of each completion here (default stdout)")
     source.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    source.add_argument("--batch-size", type=positive_int, default=8, help="prompts per batch with --prompts (default 8)")
+    source.add_argument("--batch-size", type=positive_int,
+                        help=f"prompts per batch with --prompts (default {DEFAULT_BATCH_SIZE})")
     source.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                         help="apply the tokenizer's chat template (default: when it has one)")
     source.add_argument("--no-think", action="store_true", help="chat template without thinking mode (Qwen3)")
@@ -74,7 +77,8 @@ def add_generate_command(commands) -> None:
     decoding.add_argument("--seed", type=non_negative_int, default=0,
                           help="seed of decoding and eviction sampling (and the testbed problem shown: number "
                           f"seed mod {DEMO_PROBLEMS})")
-    add_config_arguments(parser, default_budget=f"{DEFAULT_BUDGET}; 4x compression for the testbed")
+    add_config_arguments(parser, default_budget=f"{DEFAULT_BUDGET}; 4x compression for the testbed",
+                         default_window=f"{VaSEConfig().window}; {TESTBED_WINDOW} for the testbed")
     runtime = parser.add_argument_group("runtime")
     runtime.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     runtime.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -84,11 +88,21 @@ def add_generate_command(commands) -> None:
 
 
 def _read_prompts(path: Path) -> list[tuple[str, str]]:
-    """`(id, prompt)` per line of a JSONL file; every malformed line is a one-line error naming it."""
-    if not path.is_file():
+    """`(id, prompt)` per line of a JSONL file (or pipe); every malformed line is a one-line error naming it."""
+    if not path.exists():
         raise CommandError(f"--prompts: no such file: {path}")
+    if path.is_dir():
+        raise CommandError(f"--prompts: {path} is a directory; expected a JSONL file")
+    try:
+        content = path.read_bytes()
+    except OSError as error:
+        raise CommandError(f"--prompts: cannot read {path}: {error.strerror or error}") from None
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CommandError(f"--prompts: {path} is not UTF-8 text (byte {error.start})") from None
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -101,6 +115,28 @@ def _read_prompts(path: Path) -> list[tuple[str, str]]:
     if not records:
         raise CommandError(f"--prompts: {path} holds no prompts")
     return records
+
+
+def _check_prompt(prompt: str, where: str, tokenizer) -> None:
+    """A prompt must be encodable text with at least one token of its own (before any chat template)."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise CommandError(f"{where}: not valid UTF-8 text (character {error.start})") from None
+    if len(tokenizer(prompt, add_special_tokens=False)["input_ids"]) == 0:
+        raise CommandError(f"{where}: the prompt is empty (0 tokens)")
+
+
+def _open_out(out: Path, prompts: Path):
+    """`--out` opened for writing before any work, so that a bad path fails at once; never the prompts file."""
+    if out.exists() and out.resolve() == prompts.resolve():
+        raise CommandError(f"--out: {out} is the --prompts file; give another path")
+    if out.is_dir():
+        raise CommandError(f"--out: {out} is a directory; expected a file path")
+    try:
+        return out.open("w", encoding="utf-8")
+    except OSError as error:
+        raise CommandError(f"--out: cannot write {out}: {error.strerror or error}") from None
 
 
 def _format_prompt(tokenizer, prompt: str, chat: bool, think: bool) -> str:
@@ -141,21 +177,33 @@ def _generated_lengths(output: torch.Tensor, prompt_len: int, eos_ids: set) -> l
 
 
 def run_generate(args) -> int:
-    from vase_triton.integrations.hf_cache import VaSECache
-    from vase_triton.integrations.models import patch_any
-
     device = resolve_device(args.device)
     check_backend(device)
     dtype = resolve_dtype(args.dtype, device)
     if args.model is None:
         return _generate_testbed(args, device, dtype)
     config = config_from_arguments(args, args.budget or DEFAULT_BUDGET)
-    max_new_tokens = args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
     if args.out is not None and args.prompts is None:
         raise CommandError("--out: only with --prompts (one JSON line per completion)")
     prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt
     records = _read_prompts(args.prompts) if args.prompts is not None else [("1", prompt)]
+    batch_size = args.batch_size or DEFAULT_BATCH_SIZE
+    sink = None
+    if args.prompts is not None:
+        sink = sys.stdout if args.out is None else _open_out(args.out, args.prompts)
+    try:
+        return _generate_with_model(args, config, records, batch_size, sink, device, dtype)
+    finally:
+        if sink is not None and sink is not sys.stdout:
+            sink.close()
 
+
+def _generate_with_model(args, config, records, batch_size: int, sink, device, dtype) -> int:
+    """Generate every record in batches of `batch_size`, writing each batch's JSON lines to `sink` (with --prompts)."""
+    from vase_triton.integrations.hf_cache import VaSECache
+    from vase_triton.integrations.models import patch_any
+
+    max_new_tokens = args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
     model, tokenizer = load_model(args.model, device, dtype)
     label = args.model
     try:
@@ -171,20 +219,19 @@ def run_generate(args) -> int:
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
+    for record_id, prompt in records:
+        _check_prompt(prompt, "--prompt" if args.prompts is None else f"--prompts: prompt {record_id!r}", tokenizer)
     texts = [_format_prompt(tokenizer, prompt, chat, not args.no_think) for _, prompt in records]
-    for (record_id, _), text in zip(records, texts):
-        if not text.strip() or len(tokenizer(text)["input_ids"]) == 0:
-            where = "--prompt" if args.prompts is None else f"--prompts: prompt {record_id!r}"
-            raise CommandError(f"{where}: the prompt is empty (0 tokens)")
 
     stream = args.prompts is None and not args.json
-    results, total_seconds, evictions, memory = [], 0.0, 0, 0
+    results, total_seconds, evictions, memory, full_bytes = [], 0.0, 0, 0, 0
     cache = None
     prompt_tokens = generated = 0
     torch.manual_seed(args.seed)
-    for start in range(0, len(records), args.batch_size):
-        batch_records, batch_texts = records[start : start + args.batch_size], texts[start : start + args.batch_size]
-        inputs = tokenizer(batch_texts, return_tensors="pt", padding=True)
+    for start in range(0, len(records), batch_size):
+        batch_records, batch_texts = records[start : start + batch_size], texts[start : start + batch_size]
+        # A chat template writes its own special tokens (a BOS among them): the tokenizer adds none.
+        inputs = tokenizer(batch_texts, return_tensors="pt", padding=True, add_special_tokens=not chat)
         input_ids, attention_mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
         prompt_len = input_ids.shape[1]
         # The previous batch's cache when it has this size: compiled steps replay its CUDA graphs.
@@ -206,6 +253,9 @@ def run_generate(args) -> int:
         total_seconds += seconds
         evictions, memory = max(evictions, cache.n_evictions), max(memory, cache.memory_bytes)
         lengths = _generated_lengths(output, prompt_len, eos_ids)
+        # What a full cache would hold at the end of this batch: every row at the padded length.
+        full_bytes = max(full_bytes, _full_cache_bytes(model, prompt_len + max(lengths), len(batch_records)))
+        first = len(results)
         for row, ((record_id, _), length) in enumerate(zip(batch_records, lengths)):
             real_prompt = int(attention_mask[row].sum())
             prompt_tokens += real_prompt
@@ -216,17 +266,17 @@ def run_generate(args) -> int:
                 "evictions": cache.n_evictions, "seconds": round(seconds, 4), "kv_memory_bytes": cache.memory_bytes,
                 "text": text,
             })  # fmt: skip
+        if sink is not None:
+            sink.write("".join(json.dumps(result) + "\n" for result in results[first:]))
+            sink.flush()
 
-    full_bytes = _full_cache_bytes(model, prompt_tokens // len(records) + max_new_tokens, min(args.batch_size, len(records)))
     summary = {
         "model": label, "policy": config.policy, "budget": config.budget, "window": config.window,
-        "capacity": config.capacity, "prompts": len(records), "prompt_tokens": prompt_tokens,
+        "capacity": cache.capacity, "prompts": len(records), "prompt_tokens": prompt_tokens,
         "tokens_generated": generated, "seconds": round(total_seconds, 4),
         "tokens_per_second": round(generated / max(total_seconds, 1e-9), 2), "evictions_per_layer": evictions,
         "kv_memory_bytes": memory, "full_cache_bytes": full_bytes, "sampling": sampling,
     }  # fmt: skip
-    if args.prompts is not None:
-        _write_records(results, args.out)
     _print_summary(summary, results, args, stream)
     return 0
 
@@ -238,9 +288,13 @@ def _generate_testbed(args, device: torch.device, dtype: torch.dtype) -> int:
 
     for option, given in (("--prompt", args.prompt is not None), ("--prompts", args.prompts is not None),
                           ("--out", args.out is not None), ("--json", args.json), ("--chat", args.chat is not None),
-                          ("--compile", args.compile != "none")):
+                          ("--no-think", args.no_think), ("--batch-size", args.batch_size is not None),
+                          ("--temperature", args.temperature is not None), ("--top-p", args.top_p is not None),
+                          ("--top-k", args.top_k is not None), ("--compile", args.compile != "none")):
         if given:
-            raise CommandError(f"{option}: only with --model (the built-in testbed model answers its own problems)")
+            raise CommandError(
+                f"{option}: only with --model (the built-in testbed model answers its own problems, greedily)"
+            )
     if args.policy == "full":
         raise CommandError("--policy: the testbed demo compares the full cache with an evicting policy; got 'full'")
     config = config_from_arguments(args, args.budget or compression_budget(4), TESTBED_WINDOW)
@@ -253,17 +307,6 @@ def _generate_testbed(args, device: torch.device, dtype: torch.dtype) -> int:
     return 0
 
 
-def _write_records(results: list[dict], out: Optional[Path]) -> None:
-    lines = "".join(json.dumps(result) + "\n" for result in results)
-    if out is None:
-        sys.stdout.write(lines)
-        return
-    try:
-        out.write_text(lines, encoding="utf-8")
-    except OSError as error:
-        raise CommandError(f"--out: cannot write {out}: {error.strerror}") from None
-
-
 def _print_summary(summary: dict, results: list[dict], args, streamed: bool) -> None:
     if args.json:
         if args.prompts is None:
@@ -274,12 +317,13 @@ def _print_summary(summary: dict, results: list[dict], args, streamed: bool) -> 
     if not streamed and args.prompts is None:
         print(printable(results[0]["text"]), file=stream)
     memory, full = summary["kv_memory_bytes"], summary["full_cache_bytes"]
-    why = (" (this run is shorter than the static capacity: eviction pays off past it)" if memory > full else "")
+    evicts = summary["policy"] != "full"
+    why = " (this run is shorter than the static capacity: eviction pays off past it)" if evicts and memory > full else ""
+    shape = (f"budget {summary['budget']}, window {summary['window']}, " if evicts else "no eviction, ")
     lines = [
         "",
         f"model:            {summary['model']}",
-        f"policy:           {summary['policy']} (budget {summary['budget']}, window {summary['window']}, "
-        f"capacity {summary['capacity']})",
+        f"policy:           {summary['policy']} ({shape}capacity {summary['capacity']})",
         f"prompts:          {summary['prompts']} ({summary['prompt_tokens']} prompt tokens)",
         f"tokens generated: {summary['tokens_generated']} in {summary['seconds']:.2f} s "
         f"({summary['tokens_per_second']:.1f} tokens/s)",
