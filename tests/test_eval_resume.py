@@ -127,3 +127,55 @@ def test_a_task_file_is_recorded_under_its_label(tmp_path, file_name, label):
     path.write_text(json.dumps({"id": "p1", "question": "What is 2 + 3?", "answer": "5"}) + "\n")
     assert task_label(str(path)) == label
     assert [problem.task for problem in load_task(str(path))] == [label]
+
+
+def test_a_last_line_missing_only_its_newline_is_kept_and_the_resume_completes(tmp_path):
+    out = tmp_path / "run"
+    argv = TESTBED + ["--problems", "4", "--batch-size", "1", "--out", str(out)]
+    assert main(argv) == 0
+    complete = _records(out)
+    lines = (out / "results.jsonl").read_text().splitlines()
+    (out / "results.jsonl").write_text(lines[0] + "\n" + lines[1])  # two complete records, the second unterminated
+    assert main(argv) == 0
+    assert _records(out) == complete
+    assert all(json.loads(line) for line in (out / "results.jsonl").read_text().splitlines())
+
+
+@pytest.mark.parametrize("damage", ["missing", "no-tasks"])
+def test_results_without_their_settings_record_are_refused(tmp_path, capsys, damage):
+    out = tmp_path / "run"
+    argv = TESTBED + ["--problems", "2", "--out", str(out)]
+    assert main(argv) == 0
+    if damage == "missing":
+        (out / "run.json").unlink()
+    else:
+        record = json.loads((out / "run.json").read_text())
+        del record["tasks"]
+        (out / "run.json").write_text(json.dumps(record))
+    before = (out / "results.jsonl").read_bytes()
+    capsys.readouterr()
+    assert main(TESTBED + ["--problems", "2", "--seed", "7", "--out", str(out)]) == 1
+    err = _one_line_error(capsys)
+    assert err.startswith("vase-triton: error: --out") and "run.json" in err
+    assert (out / "results.jsonl").read_bytes() == before
+
+
+def test_a_non_string_reference_and_a_task_named_average_are_refused(tmp_path, capsys):
+    bad = tmp_path / "refs.jsonl"
+    bad.write_text(json.dumps({"id": "a", "question": "q", "answer": "1", "reference": 5}) + "\n")
+    assert main(TESTBED + ["--tasks", str(bad), "--out", str(tmp_path / "r1")]) == 1
+    assert "refs.jsonl:1: expected 'reference' to be a string" in _one_line_error(capsys)
+    average = tmp_path / "average.jsonl"
+    average.write_text(json.dumps({"id": "a", "question": "q", "answer": "1"}) + "\n")
+    assert main(TESTBED + ["--tasks", str(average), "--out", str(tmp_path / "r2")]) == 1
+    assert "would be recorded as 'average', the summary's mean over tasks" in _one_line_error(capsys)
+
+
+def test_missing_grading_and_plotting_packages_are_named_before_any_work(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "math_verify" else find_spec(name, *a))
+    assert main(TESTBED + ["--problems", "2", "--out", str(tmp_path / "run")]) == 1
+    assert "eval: needs math-verify (grading and plots), not installed" in _one_line_error(capsys)
+    assert not (tmp_path / "run").exists()

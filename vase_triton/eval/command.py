@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import math
 from pathlib import Path
 
@@ -32,6 +33,8 @@ from vase_triton.config import SCORE_MODES, VaSEConfig
 from vase_triton.policies import POLICIES
 
 DEFAULT_WINDOW = VaSEConfig().window
+# (package, module) the evaluation needs beyond the library's own dependencies: grading and plots.
+EVAL_PACKAGES = (("math-verify", "math_verify"), ("matplotlib", "matplotlib"))
 
 
 def _positive_seconds(text: str) -> float:
@@ -134,7 +137,7 @@ def _model_plan(args) -> _EvalPlan:
 
 def run_eval_command(args) -> int:
     from vase_triton.eval.runner import EvalSettings, RunError, planned_records, run_eval
-    from vase_triton.eval.summary import markdown_table, write_summary
+    from vase_triton.eval.summary import AVERAGE, markdown_table, write_summary
     from vase_triton.eval.tasks import TaskError, load_task, task_label
 
     device = resolve_device(args.device)
@@ -147,8 +150,16 @@ def run_eval_command(args) -> int:
                 VaSEConfig(policy=policy, budget=budget, window=plan.window, score_mode=args.score_mode)
             except (ValueError, TypeError) as error:
                 raise CommandError(f"--budgets: {budget} with {policy!r}: {error}") from None
+    missing = [package for package, module in EVAL_PACKAGES if importlib.util.find_spec(module) is None]
+    if missing:
+        raise CommandError(
+            f"eval: needs {' and '.join(missing)} (grading and plots), not installed; pip install 'vase-triton[eval]'"
+        )
     labels = {}
     for task in plan.tasks:
+        if task_label(task) == AVERAGE:
+            raise CommandError(f"--tasks: {task!r} would be recorded as {AVERAGE!r}, the summary's mean over tasks; "
+                               "rename it")
         if labels.setdefault(task_label(task), task) != task:
             raise CommandError(
                 f"--tasks: expected tasks recorded under distinct names; {labels[task_label(task)]!r} and {task!r} "

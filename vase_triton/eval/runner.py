@@ -102,18 +102,20 @@ def sample_key(task: str, problem_id: str, policy: str, budget: Optional[int], s
 
 
 def read_results(path: Path) -> list[dict]:
-    """Complete records of a results file; a torn last line (interrupted write) is dropped from the file."""
+    """Complete records of a results file; a torn last line (interrupted write) is dropped from the file,
+    and a complete one that lacks its newline gets it, so that the next append starts a line of its own."""
     if not path.exists():
         return []
+    text = path.read_text(encoding="utf-8")
     records, valid_lines = [], []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
         records.append(record)
         valid_lines.append(line)
-    if len(valid_lines) != len(path.read_text(encoding="utf-8").splitlines()):
+    if len(valid_lines) != len(text.splitlines()) or (text and not text.endswith("\n")):
         path.write_text("".join(line + "\n" for line in valid_lines), encoding="utf-8")
     return records
 
@@ -173,13 +175,20 @@ def check_settings(out_dir: Path, record: dict) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise RunError(f"--out: expected a directory; {out_dir} is a file")
     path = out_dir / SETTINGS_FILE
+    results = out_dir / RESULTS_FILE
+    if not path.exists() and results.exists() and results.stat().st_size > 0:
+        raise RunError(
+            f"--out: {out_dir} holds results but no {SETTINGS_FILE} recording their settings; use another --out"
+        )
     if path.exists():
         previous = _read_record(path)
         changed = [
             f"{key}: {previous.get(key)!r} there, {record[key]!r} now"
             for key in sorted(record) if key != "tasks" and previous.get(key) != record[key]
         ]
-        previous_tasks = previous.get("tasks") if isinstance(previous.get("tasks"), dict) else {}
+        if not isinstance(previous.get("tasks"), dict):
+            raise RunError(f"--out: expected {path} to record each task's batches; it does not; use another --out")
+        previous_tasks = previous["tasks"]
         for task, plan in record["tasks"].items():
             change = None if task not in previous_tasks else _task_change(previous_tasks[task], plan)
             if change:

@@ -114,6 +114,9 @@ def load_jsonl(path: Path) -> list[Problem]:
         for field in ("id", "question", "answer"):
             if field not in row or not isinstance(row[field], (str, int, float)) or isinstance(row[field], bool):
                 raise TaskError(f"--tasks: {where}: expected field {field!r} (a string); got {row.get(field)!r}")
+        if not isinstance(row.get("reference", ""), str):
+            raise TaskError(f"--tasks: {where}: expected 'reference' to be a string (a whole expected output); "
+                            f"got {row['reference']!r}")
         choices = row.get("choices")
         if choices is not None:
             if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) for c in choices):
