@@ -227,8 +227,7 @@ def test_clear_keeps_the_lock_that_a_waiting_writer_holds(tmp_path):
         file.clear()
         fcntl.flock(waiting, fcntl.LOCK_EX)
         with pytest.raises(filelock.Timeout):
-            with filelock.FileLock(str(file.lock_path), timeout=0.1):
-                pass
+            filelock.FileLock(str(file.lock_path), timeout=0.1).acquire()
 
 
 def _write_many(directory: str, writer: int, count: int) -> None:

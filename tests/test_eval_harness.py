@@ -259,7 +259,7 @@ def test_local_model_and_jsonl_task(tmp_path, cpu_reference, saved_model_dir):
 
 
 def test_unreachable_hub_is_detected_without_waiting():
-    from vase_triton.eval.tasks import _unreachable
+    from vase_triton.commands.common import endpoint_unreachable as _unreachable
 
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import socket
 import urllib.parse
 from pathlib import Path
@@ -21,7 +20,6 @@ from vase_triton.config import SCORE_MODES, VALUE_STATS, VaSEConfig
 from vase_triton.policies import POLICIES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-HUB_HOST = ("huggingface.co", 443)
 # Below this a decoding temperature divides logits into overflow; use 0 for greedy decoding.
 MIN_DECODING_TEMPERATURE = 1e-3
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
@@ -180,23 +178,28 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES.get(name) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
 
 
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face Hub (`HF_ENDPOINT`'s host when set) answers a TCP connection within
-    `timeout` seconds, and `HF_HUB_OFFLINE` does not disable it (1, on, yes, true, as huggingface_hub reads it)."""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE"):
-        return False
-    endpoint = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT", "").strip() or f"https://{HUB_HOST[0]}")
+def endpoint_unreachable(endpoint: str, timeout_s: float = 5.0) -> Optional[str]:
+    """Why a TCP connection to the host of URL `endpoint` fails within `timeout_s`, or None when it succeeds."""
+    url = urllib.parse.urlsplit(endpoint)
     try:
-        port = endpoint.port or (80 if endpoint.scheme == "http" else HUB_HOST[1])
+        port = url.port or (443 if url.scheme == "https" else 80)
     except ValueError:
-        return False
-    if not endpoint.hostname:
-        return False
+        return f"invalid port in {endpoint!r}"
+    if not url.hostname:
+        return f"no host in {endpoint!r}"
     try:
-        with socket.create_connection((endpoint.hostname, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
+        with socket.create_connection((url.hostname, port), timeout=timeout_s):
+            return None
+    except OSError as error:
+        return error.strerror or type(error).__name__
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face Hub huggingface_hub would use (`HF_ENDPOINT`) is not disabled by
+    `HF_HUB_OFFLINE` and answers a TCP connection within `timeout` seconds."""
+    from huggingface_hub import constants
+
+    return not constants.HF_HUB_OFFLINE and endpoint_unreachable(constants.ENDPOINT, timeout) is None
 
 
 def _looks_like_a_path(name: str) -> bool:

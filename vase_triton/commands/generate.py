@@ -37,6 +37,7 @@ from vase_triton.commands.common import (
     sampling_settings,
 )
 from vase_triton.config import VaSEConfig
+from vase_triton.policies import POLICIES
 from vase_triton.testbed.harness import DEMO_PROBLEMS, TESTBED_WINDOW
 
 DEFAULT_PROMPT = "Question: Natalia sold 48 clips in April and half as many in May. How many clips in total?\nAnswer:"
@@ -317,7 +318,7 @@ def _print_summary(summary: dict, results: list[dict], args, streamed: bool) -> 
     if not streamed and args.prompts is None:
         print(printable(results[0]["text"]), file=stream)
     memory, full = summary["kv_memory_bytes"], summary["full_cache_bytes"]
-    evicts = summary["policy"] != "full"
+    evicts = POLICIES[summary["policy"]].evicts
     why = " (this run is shorter than the static capacity: eviction pays off past it)" if evicts and memory > full else ""
     shape = (f"budget {summary['budget']}, window {summary['window']}, " if evicts else "no eviction, ")
     lines = [

@@ -157,13 +157,13 @@ def run_eval_command(args) -> int:
         )
     labels = {}
     for task in plan.tasks:
-        if task_label(task) == AVERAGE:
+        label = task_label(task)
+        if label == AVERAGE:
             raise CommandError(f"--tasks: {task!r} would be recorded as {AVERAGE!r}, the summary's mean over tasks; "
                                "rename it")
-        if labels.setdefault(task_label(task), task) != task:
+        if labels.setdefault(label, task) != task:
             raise CommandError(
-                f"--tasks: expected tasks recorded under distinct names; {labels[task_label(task)]!r} and {task!r} "
-                f"are both {task_label(task)!r}"
+                f"--tasks: expected tasks recorded under distinct names; {labels[label]!r} and {task!r} are both {label!r}"
             )
     try:
         problems = {

@@ -17,10 +17,10 @@ import dataclasses
 import json
 import os
 import random
-import socket
-import urllib.parse
 from pathlib import Path
 from typing import Callable, Optional
+
+from vase_triton.commands.common import endpoint_unreachable
 
 
 class TaskError(ValueError):
@@ -141,17 +141,6 @@ def load_jsonl(path: Path) -> list[Problem]:
     return problems
 
 
-def _unreachable(endpoint: str, timeout_s: float = 5.0) -> Optional[str]:
-    """Why a TCP connection to `endpoint` fails within `timeout_s`, or None when it succeeds."""
-    url = urllib.parse.urlparse(endpoint)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        with socket.create_connection((url.hostname, port), timeout=timeout_s):
-            return None
-    except OSError as error:
-        return error.strerror or type(error).__name__
-
-
 def _load_hub(name: str, spec: HubTask) -> list[Problem]:
     try:
         import datasets
@@ -166,7 +155,7 @@ def _load_hub(name: str, spec: HubTask) -> list[Problem]:
     datasets.logging.set_verbosity_error()
     hub_logging.set_verbosity_error()
     if not constants.HF_HUB_OFFLINE:
-        reason = _unreachable(constants.ENDPOINT)
+        reason = endpoint_unreachable(constants.ENDPOINT)
         if reason:
             raise TaskError(
                 f"--tasks: cannot load {name} ({spec.dataset}): the hub at {constants.ENDPOINT} is unreachable "
