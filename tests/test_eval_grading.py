@@ -9,8 +9,15 @@ import pytest
 
 from vase_triton.eval import grading
 from vase_triton.eval.extraction import choice_letter, extract_answer, last_boxed, opens_reasoning
-from vase_triton.eval.grading import grade, normalise
+from vase_triton.eval.grading import canonical, grade, same_string
 from vase_triton.eval.tasks import gsm8k_gold, shuffled_choices
+from vase_triton.eval.verifier import Verifier
+
+@pytest.fixture(scope="module")
+def verifier():
+    with Verifier() as shared:
+        yield shared
+
 
 THINKING = (
     "<think>\nLet me set up the equation. If $x = \\frac{1}{2}$ then maybe \\boxed{2}? No, recheck: "
@@ -89,9 +96,9 @@ def test_a_reasoning_the_prompt_opened_is_read_as_one():
     ["I am not sure how to continue; the recursion", "We get \\boxed{12 and then the proof breaks off", ""],
     ids=["rambling", "unclosed-brace", "empty"],
 )
-def test_no_answer(text):
+def test_no_answer(text, verifier):
     assert extract_answer(text) is None
-    assert grade(extract_answer(text), "12") == grading.Grade(False, "no-answer")
+    assert grade(extract_answer(text), "12", verifier=verifier) == grading.Grade(False, "no-answer")
 
 
 def test_last_boxed_skips_an_unclosed_final_box():
@@ -121,8 +128,8 @@ def test_last_boxed_skips_an_unclosed_final_box():
     ids=["sqrt-dfrac", "fraction-decimal", "commuted", "units", "degrees", "degree-sign", "two-unit-words", "thousands", "pair", "wrong", "inverted",
          "last-box-wins", "thousands-token", "pair-is-not-thousands", "negative-pair", "gold-pair"],
 )
-def test_grade_math(output, gold, correct):
-    assert grade(extract_answer(output), gold).correct is correct
+def test_grade_math(output, gold, correct, verifier):
+    assert grade(extract_answer(output), gold, verifier=verifier).correct is correct
 
 
 @pytest.mark.parametrize(
@@ -144,20 +151,35 @@ def test_grade_math(output, gold, correct):
     ids=["plain", "parenthesised", "text", "answer-line", "letter-and-value", "lowercase", "letter-colon-value",
          "text-letter-and-value", "nested-text", "amc-bold-letter-and-value", "out-of-range", "value-only"],
 )
-def test_choice_letters(output, letter):
+def test_choice_letters(output, letter, verifier):
     assert choice_letter(extract_answer(output), 4) == letter
-    assert grade(extract_answer(output), "C", choices=["1", "2", "3", "4"]).correct is (letter == "C")
+    verdict = grade(extract_answer(output), "C", verifier=verifier, choices=["1", "2", "3", "4"])
+    assert verdict.correct is (letter == "C")
 
 
-def test_normalise_forms():
-    assert normalise("$\\dfrac{1}{2}$") == normalise("\\frac{1}{2}")
-    assert normalise("10 \\text{ cm}") == normalise("10") == normalise("10 square meters")
-    assert normalise("x + m") == "x+m"  # a variable, not a unit: only a quantity's unit is dropped
-    assert normalise("\\left( 1, 2 \\right)") == "(1,2)"
-    assert normalise("12.0") == "12"
-    assert normalise("5 dollars") == "5"
-    assert normalise("50\\%") == "50"
-    assert normalise("x + 1") != normalise("x - 1")
+def test_canonical_forms():
+    assert canonical("$\\dfrac{1}{2}$") == canonical("\\frac{1}{2}")
+    assert canonical("10 \\text{ cm}") == ("10", "cm")
+    assert canonical("10 square meters") == ("10", "square meters")
+    assert canonical("x + m") == ("x+m", "")  # a variable, not a unit: only a quantity's unit is split off
+    assert canonical("\\left( 1, 2 \\right)") == ("(1,2)", "")
+    assert canonical("12.0") == ("12", "")
+    assert canonical("50\\%") == ("50", "")
+    assert canonical("10 000") == canonical("10,000") == canonical("10\\,000") == ("10000", "")
+    assert canonical("1 2") == ("1 2", "")
+    assert canonical("x + 1") != canonical("x - 1")
+
+
+@pytest.mark.parametrize(
+    "answer, gold, same",
+    [
+        ("10 cm", "10", True), ("10", "10 cm", True), ("10 cm", "10 CM", True), ("5 dollars", "5", True),
+        ("3 m", "3 km", False), ("4 minutes", "4 hours", False), ("1 2", "12", False), ("12", "1 2", False),
+        ("1 2", "1 2", True), ("10 000", "10000", True), ("2 100 000", "2,100,000", True),
+    ],
+)
+def test_string_match_keeps_units_and_digit_groups_apart(answer, gold, same):
+    assert same_string(answer, gold) is same
 
 
 def test_gsm8k_gold_and_choice_shuffle():
@@ -170,24 +192,28 @@ def test_gsm8k_gold_and_choice_shuffle():
     assert letters == {"A", "B", "C", "D"}
 
 
-def test_grading_works_off_the_main_thread():
+def test_grading_works_off_the_main_thread(verifier):
     verdicts = []
-    worker = threading.Thread(target=lambda: verdicts.append(grade("\\dfrac{6}{8}", "\\frac{3}{4}")))
+    worker = threading.Thread(target=lambda: verdicts.append(grade("\\dfrac{6}{8}", "\\frac{3}{4}", verifier=verifier)))
     worker.start()
     worker.join(60)
     assert verdicts == [grading.Grade(True, "math-verify")]
 
 
-def test_grading_times_out(monkeypatch):
-    release = threading.Event()
-
-    def stuck(gold, answer):
-        release.wait(30)
-        return True
-
-    monkeypatch.setattr(grading, "_math_verify", stuck)
+def test_a_verdict_that_holds_the_interpreter_is_killed_and_the_next_one_still_graded(verifier):
+    """sympy spends ~30 s inside one C call on `3^{3^{16}}`: a thread could not be stopped and
+    would stall the caller; the verifier kills its process and starts a new one."""
+    verifier.verdict("1", "1", timeout_s=60)  # the child is up before the timed verdict
     start = time.perf_counter()
-    verdict = grade("\\sum_{k=1}^{10^{9}} k!", "7", timeout_s=0.2)
-    release.set()
+    verdict = grade("3^{3^{16}}", "7", verifier=verifier, timeout_s=0.5)
+    waited = time.perf_counter() - start
     assert verdict == grading.Grade(False, "timeout")
-    assert time.perf_counter() - start < 5
+    assert waited < 5
+    assert grade("\\frac{2}{4}", "0.5", verifier=verifier) == grading.Grade(True, "math-verify")
+    assert grade("\\frac{2}{5}", "0.5", verifier=verifier) == grading.Grade(False, "math-verify")
+
+
+def test_a_verifier_that_cannot_start_says_why():
+    with Verifier(start_timeout_s=0.001) as impatient:
+        with pytest.raises(RuntimeError, match="the math-verify process did not start .no answer within 0.001 s"):
+            impatient.verdict("1", "2", timeout_s=1)

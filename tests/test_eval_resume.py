@@ -7,6 +7,7 @@ import csv
 import json
 
 import pytest
+import torch
 
 from vase_triton.cli import main
 from vase_triton.eval.tasks import load_task, task_label
@@ -179,3 +180,59 @@ def test_missing_grading_and_plotting_packages_are_named_before_any_work(tmp_pat
     assert main(TESTBED + ["--problems", "2", "--out", str(tmp_path / "run")]) == 1
     assert "eval: needs math-verify (grading and plots), not installed" in _one_line_error(capsys)
     assert not (tmp_path / "run").exists()
+
+
+def test_another_checkpoint_at_the_same_path_is_refused(tmp_path, capsys, saved_model_dir):
+    from vase_triton.demo_model import tiny_qwen3
+
+    task = tmp_path / "task.jsonl"
+    task.write_text(json.dumps({"id": "p1", "question": "1+1?", "answer": "2"}) + "\n")
+    out = tmp_path / "run"
+    argv = ["eval", "--model", str(saved_model_dir), "--tasks", str(task), "--policies", "full", "--samples", "1",
+            "--max-new-tokens", "4", "--no-progress", "--device", "cpu", "--dtype", "float32", "--out", str(out)]
+    assert main(argv) == 0
+    assert main(argv) == 0  # the same weights: nothing to redo
+    tiny_qwen3(seed=4).save_pretrained(saved_model_dir)
+    capsys.readouterr()
+    assert main(argv) == 1
+    err = _one_line_error(capsys)
+    assert err.startswith("vase-triton: error: --out") and "weights: '" in err
+
+
+def test_results_of_the_other_implementation_are_refused(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    argv = TESTBED + ["--problems", "2", "--out", str(out)]
+    assert main(argv) == 0
+    before = (out / "results.jsonl").read_bytes()
+    monkeypatch.setenv("VASE_BACKEND", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    capsys.readouterr()
+    assert main(argv) == 1
+    assert "kernels: 'torch' there, 'triton' now" in _one_line_error(capsys)
+    assert (out / "results.jsonl").read_bytes() == before
+
+
+def test_a_settings_record_from_before_the_weights_digest_is_refused_by_name(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = TESTBED + ["--problems", "2", "--out", str(out)]
+    assert main(argv) == 0
+    record = json.loads((out / "run.json").read_text())
+    del record["weights"], record["kernels"]
+    (out / "run.json").write_text(json.dumps(record))
+    capsys.readouterr()
+    assert main(argv) == 1
+    err = _one_line_error(capsys)
+    assert "kernels: not recorded there, 'torch' now" in err and "weights: not recorded there" in err
+
+
+def test_the_weights_digest_follows_the_weights_not_the_object():
+    from vase_triton.demo_model import tiny_qwen3
+    from vase_triton.eval.runner import weights_digest
+
+    model, twin = tiny_qwen3(seed=3), tiny_qwen3(seed=3)
+    assert weights_digest(model) == weights_digest(twin)
+    assert weights_digest(model) != weights_digest(tiny_qwen3(seed=4))
+    with torch.no_grad():
+        next(twin.parameters()).view(-1)[-1] += 1.0
+    assert weights_digest(model) != weights_digest(twin)
+    assert weights_digest(model) != weights_digest(model.to(torch.float64))

@@ -2,6 +2,7 @@
 
 One role per module: `tasks` (problems from the hub, JSONL files or the testbed),
 `prompting` (chat template, thinking mode), `extraction` (final answers), `grading`
-(math-verify with a string fallback and a timeout), `runner` (batched, seeded,
-resumable generation into `results.jsonl`), `summary` (tables and plots).
+(a string match, then math-verify), `verifier` (math-verify in a child process killed
+at its timeout), `runner` (batched, seeded, resumable generation into `results.jsonl`),
+`summary` (tables and plots).
 """

@@ -9,7 +9,8 @@ same seed and batch size give the same results; a different batch size may not.
 
 Finished samples are appended to `results.jsonl` after each batch; a rerun with the same
 settings skips every batch whose samples are all recorded. `run.json` records the settings,
-the model's dtype and device, and a digest of every planned batch per task: a rerun is
+the model's dtype, device and weights digest, the implementation the ops run (Triton or the
+PyTorch reference), and a digest of every planned batch per task: a rerun is
 refused unless it would write exactly what a fresh run would, so a changed `--problems`,
 `--limit` or `--samples` is accepted only when every recorded batch stays the same batch
 (same rows, same index, hence the same seed), e.g. more problems with one sample and a
@@ -27,11 +28,13 @@ from typing import Iterator, Optional, Sequence
 
 import torch
 
+from vase_triton.backend import use_triton
 from vase_triton.config import VaSEConfig
 from vase_triton.eval.extraction import extract_answer, opens_reasoning
 from vase_triton.eval.grading import DEFAULT_TIMEOUT_S, grade
 from vase_triton.eval.prompting import render_prompt
 from vase_triton.eval.tasks import Problem
+from vase_triton.eval.verifier import Verifier
 
 RESULTS_FILE = "results.jsonl"
 SETTINGS_FILE = "run.json"
@@ -129,8 +132,25 @@ def batch_digests(problems: Sequence[Problem], samples: int, batch_size: int) ->
     return digests
 
 
+def weights_digest(model, values_per_end: int = 16) -> str:
+    """A digest of every parameter's and buffer's name, shape, dtype and first and last
+    `values_per_end` values: another checkpoint behind the same `--model` path changes it,
+    without reading every weight."""
+    described, values = [], []
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        described.append(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}")
+        flat = tensor.detach().reshape(-1)
+        values += [flat[:values_per_end].double(), flat[-values_per_end:].double()]
+    digest = hashlib.sha256("\n".join(described).encode())
+    if values:
+        digest.update(torch.cat(values).cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 def run_record(model, settings: EvalSettings, problems_by_task: dict[str, list[Problem]], samples: int) -> dict:
-    """What `run.json` holds: the settings, the model's dtype and device, each task's planned batches."""
+    """What `run.json` holds: the settings, the model's dtype, device and weights digest, the
+    implementation its ops run (`triton` or `torch`, which draw different noise) and each
+    task's planned batches."""
     tasks = {
         task: {
             "samples": samples, "problems": len(problems),
@@ -139,7 +159,10 @@ def run_record(model, settings: EvalSettings, problems_by_task: dict[str, list[P
         for task, problems in problems_by_task.items()
     }
     dtype = str(model.dtype).removeprefix("torch.")
-    return {**settings.comparable(), "dtype": dtype, "device": str(model.device), "tasks": tasks}
+    return {
+        **settings.comparable(), "dtype": dtype, "device": str(model.device), "weights": weights_digest(model),
+        "kernels": "triton" if use_triton(model.device) else "torch", "tasks": tasks,
+    }
 
 
 def _task_change(previous: object, current: dict) -> Optional[str]:
@@ -153,7 +176,7 @@ def _task_change(previous: object, current: dict) -> Optional[str]:
         f"{field} {previous.get(field)!r} there, {current[field]!r} now"
         for field in ("problems", "samples") if previous.get(field) != current[field]
     ]
-    return (", ".join(changes) or "other problem contents") + ": the recorded batches would differ"
+    return ", ".join(changes) + ": the recorded batches would differ" if changes else "its recorded batches would differ"
 
 
 def _read_record(path: Path) -> dict:
@@ -183,7 +206,7 @@ def check_settings(out_dir: Path, record: dict) -> None:
     if path.exists():
         previous = _read_record(path)
         changed = [
-            f"{key}: {previous.get(key)!r} there, {record[key]!r} now"
+            f"{key}: {repr(previous[key]) if key in previous else 'not recorded'} there, {record[key]!r} now"
             for key in sorted(record) if key != "tasks" and previous.get(key) != record[key]
         ]
         if not isinstance(previous.get("tasks"), dict):
@@ -252,13 +275,16 @@ def generate_batch(model, tokenizer, prompts: Sequence[str], config: VaSEConfig,
 
 
 def _records(
-    batch, prompts, run: Run, settings: EvalSettings, batch_index: int, seed: int, generated, tokenizer, eos_ids
+    batch, prompts, run: Run, settings: EvalSettings, batch_index: int, seed: int, generated, tokenizer, eos_ids,
+    verifier: Verifier,
 ):
     new_ids, prompt_lengths, evictions, kv_bytes, seconds = generated
     for (problem, sample), prompt, ids, prompt_length in zip(batch, prompts, new_ids, prompt_lengths):
         text = tokenizer.decode(ids, skip_special_tokens=True)
         answer = extract_answer(text, reasoning_open=opens_reasoning(prompt))
-        verdict = grade(answer, problem.answer, choices=problem.choices, timeout_s=settings.grading_timeout_s)
+        verdict = grade(
+            answer, problem.answer, verifier=verifier, choices=problem.choices, timeout_s=settings.grading_timeout_s
+        )
         yield {
             "task": problem.task, "id": problem.id, "policy": run.policy, "budget": run.budget,
             "window": settings.window, "sample": sample, "seed": seed, "batch": batch_index,
@@ -300,6 +326,7 @@ def run_eval(
     largest_budget = max(budgets)
     eos_ids = _eos_ids(model, tokenizer)
     bar = _progress_bar(total, total - sum(len(batch) for *_, batch in work), progress)
+    verifier = Verifier()
     try:
         for task, run, batch_index, batch in work:
             bar.set_description(f"{task} {run.policy} {run.budget or 'full'}")
@@ -308,7 +335,9 @@ def run_eval(
             prompts = [render_prompt(tokenizer, problem) for problem, _ in batch]
             generated = generate_batch(model, tokenizer, prompts, config, settings, seed)
             lines = []
-            records = _records(batch, prompts, run, settings, batch_index, seed, generated, tokenizer, eos_ids)
+            records = _records(
+                batch, prompts, run, settings, batch_index, seed, generated, tokenizer, eos_ids, verifier
+            )
             for record in records:
                 key = sample_key(task, record["id"], run.policy, run.budget, record["sample"])
                 if key not in done:
@@ -318,6 +347,7 @@ def run_eval(
                 handle.writelines(lines)
             bar.update(len(batch))
     finally:
+        verifier.close()
         bar.close()
     return results_path
 

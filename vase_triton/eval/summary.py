@@ -1,9 +1,10 @@
 """Summarise `results.jsonl`: accuracy per task × policy × budget, as markdown, CSV and plots.
 
 Accuracy is the mean over samples of each sample's accuracy over the task's problems,
-± the standard error of that mean (sample standard deviation / sqrt(samples); shown as
-`n/a` with one sample). The `average` task is the mean over tasks of those accuracies
-(its error combines the tasks' errors in quadrature). Output length is the mean number
+± the standard error of that mean (sample standard deviation / sqrt(samples); with one
+sample there is none: the table shows the mean alone, the CSV `nan`). The `average`
+task is the mean over tasks of those accuracies (its error combines the tasks' errors in
+quadrature). Output length is the mean number
 of generated tokens (end-of-sequence included); no-answer rate is the share of samples
 from which no answer could be extracted; tokens/s is generated tokens over the wall time
 of the batches that produced them.
