@@ -388,3 +388,34 @@ def test_the_full_cache_summary_names_its_real_capacity(saved_model_dir, capsys,
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "policy:           full (no eviction, capacity 35)" in out and "eviction pays off" not in out
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [({"head_dim": 48}, "expected an attention head dim in"), ({"layer_types": "sliding"}, "every layer must use global attention")],
+    ids=["head-dim", "sliding-window"],
+)
+def test_an_unsupported_attention_layout_is_refused_before_the_weights_load(tmp_path, capsys, monkeypatch, change, fragment):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr("vase_triton.integrations.loading.load_causal_lm", no_loading)
+    directory = save_model_dir(tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    if change.get("layer_types") == "sliding":
+        change = {"layer_types": ["sliding_attention"] * config["num_hidden_layers"], "sliding_window": 8}
+    (directory / "config.json").write_text(json.dumps({**config, **change}))
+    one_line_error(capsys, ["generate", "--model", str(directory)], f"--model: {str(directory)!r}: {fragment}")
+
+
+def test_a_cache_too_large_for_memory_is_a_one_line_error(saved_model_dir, capsys, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    too_long = ["--max-new-tokens", str(10**15), "--device", "cpu"]  # beyond any address space
+    one_line_error(
+        capsys, ["generate", "--model", str(saved_model_dir), "--policy", "full", *too_long],
+        "generate: out of memory on cpu for 1 prompt(s) of up to",
+    )
+    one_line_error(
+        capsys, ["eval", "--policies", "full", "--problems", "2", "--no-progress", "--out", str(saved_model_dir / "e"),
+                 *too_long], "eval: out of memory on cpu at --batch-size 64, --max-new-tokens 1000000000000000",
+    )

@@ -243,18 +243,23 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype):
             kwargs = {}
     from transformers import AutoConfig
 
-    from vase_triton.integrations.models import SUPPORTED_MODEL_TYPES
+    from vase_triton.integrations.models import SUPPORTED_MODEL_TYPES, check_attention_config
 
     try:
-        model_type = getattr(AutoConfig.from_pretrained(name, **kwargs), "model_type", None)
+        config = AutoConfig.from_pretrained(name, **kwargs)
     except Exception as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise CommandError(f"--model: cannot read the config of {name!r}: {first_line}") from None
+    model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise CommandError(
             f"--model: expected a transformers causal LM of type {', '.join(SUPPORTED_MODEL_TYPES)}; "
             f"{name!r} is a {model_type!r} model"
         )
+    try:  # before the weights load: their size can make a refusal minutes late
+        check_attention_config(config)
+    except ValueError as error:
+        raise CommandError(f"--model: {name!r}: {str(error).partition(': ')[2]}") from None
     quiet_transformers()
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
@@ -304,6 +309,12 @@ def sampling_settings(model, temperature: Optional[float], top_p: Optional[float
     if top_k is not None:
         settings["top_k"] = int(top_k)
     return settings
+
+
+def is_out_of_memory(error: RuntimeError) -> bool:
+    """Whether `error` is an allocation failure: CUDA's `OutOfMemoryError`, or the CPU
+    allocator's `RuntimeError`."""
+    return isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in str(error)
 
 
 def printable(text: str) -> str:

@@ -27,6 +27,7 @@ from vase_triton.commands.common import (
     config_from_arguments,
     finite_float,
     format_bytes,
+    is_out_of_memory,
     load_model,
     non_negative_int,
     positive_int,
@@ -235,21 +236,30 @@ def _generate_with_model(args, config, records, batch_size: int, sink, device, d
         inputs = tokenizer(batch_texts, return_tensors="pt", padding=True, add_special_tokens=not chat)
         input_ids, attention_mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
         prompt_len = input_ids.shape[1]
-        # The previous batch's cache when it has this size: compiled steps replay its CUDA graphs.
-        cache = VaSECache.reuse_or_make(
-            cache, model, config, batch_size=len(batch_records), max_length=prompt_len + max_new_tokens
-        )
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        began = time.perf_counter()
-        with torch.inference_mode():
-            output = model.generate(
-                input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                pad_token_id=pad_id, cache=cache,
-                streamer=_PrintableStreamer(tokenizer) if stream else None, **sampling,
+        try:
+            # The previous batch's cache when it has this size: compiled steps replay its CUDA graphs.
+            cache = VaSECache.reuse_or_make(
+                cache, model, config, batch_size=len(batch_records), max_length=prompt_len + max_new_tokens
             )
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            began = time.perf_counter()
+            with torch.inference_mode():
+                output = model.generate(
+                    input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                    pad_token_id=pad_id, cache=cache,
+                    streamer=_PrintableStreamer(tokenizer) if stream else None, **sampling,
+                )
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        except RuntimeError as error:  # torch.OutOfMemoryError included
+            if not is_out_of_memory(error):
+                raise
+            smaller = "--batch-size or --max-new-tokens" + (", or --budget" if POLICIES[config.policy].evicts else "")
+            raise CommandError(
+                f"generate: out of memory on {device} for {len(batch_records)} prompt(s) of up to "
+                f"{prompt_len} + {max_new_tokens} tokens with the {config.policy!r} cache; lower {smaller}"
+            ) from None
         seconds = time.perf_counter() - began
         total_seconds += seconds
         evictions, memory = max(evictions, cache.n_evictions), max(memory, cache.memory_bytes)

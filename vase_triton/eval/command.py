@@ -21,6 +21,7 @@ from vase_triton.commands.common import (
     choice,
     comma_list,
     finite_float,
+    is_out_of_memory,
     load_model,
     non_negative_int,
     positive_int,
@@ -193,6 +194,13 @@ def run_eval_command(args) -> int:
         )
     except RunError as error:
         raise CommandError(str(error)) from None
+    except RuntimeError as error:  # torch.OutOfMemoryError included
+        if not is_out_of_memory(error):
+            raise
+        raise CommandError(
+            f"eval: out of memory on {device} at --batch-size {plan.batch_size}, --max-new-tokens {plan.max_new_tokens}; "
+            f"finished batches are kept in {plan.out_dir}, but smaller settings need another --out"
+        ) from None
     records = planned_records(results, problems, policies=args.policies, budgets=plan.budgets, samples=plan.samples)
     cells, written = write_summary(records, plan.out_dir, plan.header)
     print(markdown_table(cells, "accuracy", "Accuracy (%), mean ± standard error over samples"))

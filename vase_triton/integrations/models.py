@@ -35,6 +35,22 @@ def _non_global_layers(config) -> list[str]:
     return []
 
 
+def check_attention_config(config) -> None:
+    """Raise a `ValueError` unless every decoder layer of the model `config` describes attends
+    over the whole sequence with a supported head dim (the config alone: no weights needed)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    sliding = _non_global_layers(text)
+    if sliding:
+        shown = ", ".join(sliding[:4]) + (f", ... ({len(sliding)} layers)" if len(sliding) > 4 else "")
+        raise ValueError(
+            f"model: every layer must use global attention for a VaSE cache; got non-global layers ({shown}) "
+            "(load the model with use_sliding_window=False if it supports that)"
+        )
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"model: expected an attention head dim in {SUPPORTED_HEAD_DIMS}; got {head_dim}")
+
+
 def _checker(model_types: tuple[str, ...]):
     def check(model) -> None:
         if hasattr(model, "_orig_mod"):  # torch.compile's OptimizedModule forwards attributes to the model
@@ -50,17 +66,7 @@ def _checker(model_types: tuple[str, ...]):
                 f"model: expected a transformers causal LM of type {', '.join(model_types)}; "
                 f"got {type(model).__name__} with model_type={model_type!r}"
             )
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        sliding = _non_global_layers(text)
-        if sliding:
-            shown = ", ".join(sliding[:4]) + (f", ... ({len(sliding)} layers)" if len(sliding) > 4 else "")
-            raise ValueError(
-                f"model: every layer must use global attention for a VaSE cache; got non-global layers ({shown}) "
-                "(load the model with use_sliding_window=False if it supports that)"
-            )
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        if head_dim not in SUPPORTED_HEAD_DIMS:
-            raise ValueError(f"model: expected an attention head dim in {SUPPORTED_HEAD_DIMS}; got {head_dim}")
+        check_attention_config(config)
         if model.dtype not in FLOAT_DTYPES:
             raise ValueError(
                 f"model: expected float16, bfloat16 or float32 weights (the VaSE cache's dtypes); got {model.dtype} "
