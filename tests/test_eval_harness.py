@@ -269,6 +269,29 @@ def test_unreachable_hub_is_detected_without_waiting():
     assert time.perf_counter() - start < 5
 
 
+def test_the_reachability_check_goes_through_the_configured_proxy(monkeypatch):
+    from vase_triton.commands.common import endpoint_unreachable
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        closed_port = closed.getsockname()[1]
+    with socket.socket() as proxy:
+        proxy.bind(("127.0.0.1", 0))
+        proxy.listen()
+        open_port = proxy.getsockname()[1]
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{open_port}")
+        monkeypatch.delenv("https_proxy", raising=False)
+        endpoint = f"https://127.0.0.1:{closed_port}"  # closed itself, but the proxy answers
+        assert endpoint_unreachable(endpoint, timeout_s=5.0) is None
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        assert endpoint_unreachable(endpoint, timeout_s=5.0)
+        monkeypatch.delenv("NO_PROXY")
+        monkeypatch.setenv("HTTPS_PROXY", f"127.0.0.1:{closed_port}")
+        assert endpoint_unreachable(f"https://127.0.0.1:{open_port}", timeout_s=5.0).startswith("proxy 127.0.0.1:")
+
+
 def test_a_full_cache_only_summary_has_its_values():
     from vase_triton.eval.summary import markdown_table
 

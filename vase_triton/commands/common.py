@@ -11,6 +11,7 @@ import argparse
 import math
 import socket
 import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -179,19 +180,33 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def endpoint_unreachable(endpoint: str, timeout_s: float = 5.0) -> Optional[str]:
-    """Why a TCP connection to the host of URL `endpoint` fails within `timeout_s`, or None when it succeeds."""
+    """Why a TCP connection for URL `endpoint` fails within `timeout_s`, or None when it succeeds.
+
+    The connection goes where an HTTP client would send the request: to the proxy that
+    `HTTPS_PROXY`/`HTTP_PROXY` name for the endpoint's scheme unless `NO_PROXY` exempts its
+    host, else to the host itself.
+    """
     url = urllib.parse.urlsplit(endpoint)
-    try:
-        port = url.port or (443 if url.scheme == "https" else 80)
-    except ValueError:
-        return f"invalid port in {endpoint!r}"
     if not url.hostname:
         return f"no host in {endpoint!r}"
+    proxy = urllib.request.getproxies().get(url.scheme)
+    if proxy and not urllib.request.proxy_bypass(url.hostname):
+        via = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
+        target, label = via, f"proxy {proxy}"
+    else:
+        target, label = url, None
     try:
-        with socket.create_connection((url.hostname, port), timeout=timeout_s):
+        port = target.port or (443 if target.scheme == "https" else 80)
+    except ValueError:
+        return f"invalid port in {label or repr(endpoint)}"
+    if not target.hostname:
+        return f"no host in {label}"
+    try:
+        with socket.create_connection((target.hostname, port), timeout=timeout_s):
             return None
     except OSError as error:
-        return error.strerror or type(error).__name__
+        reason = error.strerror or type(error).__name__
+        return f"{label}: {reason}" if label else reason
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
