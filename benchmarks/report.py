@@ -286,6 +286,11 @@ def format_number(value: Optional[float], unit: str = "", digits: int = 1) -> st
     return f"{value:,.{digits}f}{unit}"
 
 
+def format_gbs(value: Optional[float]) -> str:
+    """A bandwidth in GB/s: whole numbers from 100 (GPU rates), a decimal below (CPU smoke rates)."""
+    return format_number(value, digits=0 if value is not None and abs(value) >= 100 else 1)
+
+
 def format_bytes(value: Optional[float]) -> str:
     if value is None:
         return ABSENT
@@ -315,7 +320,7 @@ def runs_section(runs: Sequence[Run]) -> list[str]:
         body.append([
             run.id, run.device, run.profile, versions.get("torch") or ABSENT, versions.get("triton") or ABSENT,
             versions.get("transformers") or ABSENT, versions.get("cuda") or "none", run.commit, run.date,
-            format_number(roofline.get("copy_gbs"), digits=0), format_number(roofline.get("matmul_tflops")), run.source,
+            format_gbs(roofline.get("copy_gbs")), format_number(roofline.get("matmul_tflops")), run.source,
         ])  # fmt: skip
     lines = ["## Runs", ""] + _table(header, body, right_from=len(header))
     timings = sorted({run.timing for run in runs if run.timing})
@@ -388,7 +393,7 @@ def _decode_checks(rows: Sequence[Row]) -> list[TargetCheck]:
             continue
         percent = row.roofline_percent
         measured = "no roofline" if percent is None else (
-            f"{percent:.1f} % ({format_number(row.gbs, digits=0)} GB/s{_timed_as(row)})")
+            f"{percent:.1f} % ({format_gbs(row.gbs)} GB/s{_timed_as(row)})")
         checks.append(TargetCheck(DECODE_TARGET, f"{record.shape} (run {row.run.id})", measured,
                                   None if percent is None else percent >= 70.0))  # fmt: skip
     return checks
@@ -480,7 +485,7 @@ def kernel_section(suite: str, rows: Sequence[Row], index: RowIndex) -> list[str
         if with_flops:
             cells.append(format_number(row.tflops) if record.flops else NOT_APPLICABLE)
         if with_bytes:
-            cells.append(format_number(row.gbs, digits=0) if record.bytes_moved else NOT_APPLICABLE)
+            cells.append(format_gbs(row.gbs) if record.bytes_moved else NOT_APPLICABLE)
         if with_flops or with_bytes:
             cells.append(format_number(row.roofline_percent, " %") if row.run.roofline else "no roofline")
         for provider in alternatives:
@@ -586,7 +591,7 @@ def _bytes_section(
         lines += [
             f"Bandwidth roofline: reading the weights ({format_bytes(sized[0].record.details['weight_bytes'])} a "
             "step, the embedding table aside) and the KV cache held, once each, at this run's copy bandwidth "
-            f"({roofline['copy_gbs']:,.0f} GB/s) takes the time shown; the share is that time over the mean step:",
+            f"({format_gbs(roofline['copy_gbs'])} GB/s) takes the time shown; the share is that time over the mean step:",
             "",
         ]  # fmt: skip
         body = [[row.record.provider] + _cells_by_length(row, lengths, functools.partial(_roofline_cell, row))

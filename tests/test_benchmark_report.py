@@ -495,3 +495,10 @@ def test_per_step_percentages_are_under_the_row_they_are_of(tmp_path):
     for kernel, cells in (("eviction vase", ["2.00 %", "—"]), ("eviction vase (emitted)", ["—", "1.25 %"])):
         line = next(line for line in section.splitlines() if f"| {kernel} | Qwen3-8B B16 C4160 | vase |" in line)
         assert [cell.strip() for cell in line.strip("|").split("|")][-2:] == cells
+
+
+@pytest.mark.parametrize(
+    "gbs, shown", [(3412.6, "3,413"), (100.0, "100"), (99.94, "99.9"), (1.44, "1.4"), (0.0123, "0.0123"), (None, report.ABSENT)]
+)
+def test_bandwidths_under_100_gbs_keep_a_decimal(gbs, shown):
+    assert report.format_gbs(gbs) == shown
