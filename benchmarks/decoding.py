@@ -309,18 +309,20 @@ def curve_point(generated: int, span: list[float], memory: tuple[int, Optional[i
     """Decoding at `generated` tokens from the durations of the steps up to it: their median, and
     tokens/s over their total time (so the steps that evicted count in it)."""
     kv_bytes, peak = memory
-    return CurvePoint(generated, statistics.median(span), batch * len(span) / sum(span), kv_bytes, peak)
+    return CurvePoint(generated, statistics.median(span), batch * len(span) / sum(span), kv_bytes, peak, len(span))
 
 
 def estimated_decode_seconds(points: list[CurvePoint], new_tokens: int, batch: int) -> float:
     """Decode time of one run of `new_tokens` tokens (the steps that produce tokens 2 to
     `new_tokens`) from a sampled curve: each step takes the mean step time (batch / tokens/s)
-    interpolated linearly between the points' lengths, held at the first and last point beyond them."""
+    interpolated linearly between the points' centres (the mean length of the steps each point
+    measured), held at the first and last point beyond them."""
     lengths = [point.generated for point in points]
     if not lengths or lengths != sorted(lengths):
         raise ValueError(f"points: expected a curve sorted by length; got lengths {lengths}")
     means = [batch / point.tokens_per_s for point in points]
-    return float(numpy.interp(numpy.arange(2, new_tokens + 1), lengths, means).sum())
+    centres = [point.centre for point in points]
+    return float(numpy.interp(numpy.arange(2, new_tokens + 1), centres, means).sum())
 
 
 def curve(step_seconds: list[float], memory: dict, batch: int) -> list[CurvePoint]:

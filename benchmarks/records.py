@@ -26,7 +26,9 @@ class CurvePoint:
     """Decoding after `generated` new tokens: median step latency around that length and memory.
 
     `kv_bytes` is the KV cache the method holds at that length; `peak_bytes` the device's
-    peak allocated memory so far (None on CPU).
+    peak allocated memory so far (None on CPU); `steps` how many steps, ending with the one
+    that produced token `generated`, the latency and tokens/s are over (None in records
+    written before it was kept).
     """
 
     generated: int
@@ -34,6 +36,12 @@ class CurvePoint:
     tokens_per_s: float
     kv_bytes: int
     peak_bytes: Optional[int] = None
+    steps: Optional[int] = None
+
+    @property
+    def centre(self) -> float:
+        """The mean length of the steps measured: the point's place on a curve of mean step time."""
+        return self.generated - (self.steps - 1) / 2 if self.steps else float(self.generated)
 
 
 @dataclass(frozen=True)

@@ -289,6 +289,22 @@ def test_estimated_decode_time_sums_the_interpolated_steps():
         decoding.estimated_decode_seconds(sampled_points(linear, (1000, 64)), 1000, BATCH)
 
 
+def test_a_point_of_many_steps_stands_at_their_mean_length():
+    """A point's mean step time is that of its span's middle length: for a cost linear in
+    length, 64 steps ending at L average the cost at L - 31.5, and the estimate that places
+    points there sums the run exactly; placed at L it would overstate each step by 31.5 lengths."""
+
+    def linear(n):
+        return 1e-3 + 2e-6 * n
+
+    steps, lengths = 64, (64, 2048, 16384)
+    spans = {length: [linear(n) for n in range(length - steps + 1, length + 1)] for length in lengths}
+    points = [decoding.curve_point(length, spans[length], (1, None), BATCH) for length in lengths]
+    assert [point.centre for point in points] == [length - 31.5 for length in lengths]
+    expected = sum(linear(max(n, 32.5)) for n in range(2, 16385 - 32)) + 32 * linear(16384 - 31.5)
+    assert decoding.estimated_decode_seconds(points, 16384, BATCH) == pytest.approx(expected, rel=1e-12)
+
+
 @pytest.mark.parametrize("method, cudnn", [(decoding.HF_DYNAMIC, True), (decoding.HF_DYNAMIC_NO_CUDNN, False)],
                          ids=["hf-dynamic", "hf-dynamic-no-cudnn"])  # fmt: skip
 def test_a_method_limits_sdpa_backends_while_it_generates(method, cudnn):
