@@ -33,6 +33,7 @@ THINKING = (
         ("First guess \\boxed{3}. Wait, I dropped a term: \\boxed{5}.", "5"),
         ("The perimeter is \\boxed{10\\text{ cm}}.", "10\\text{ cm}"),
         ("Hence \\fbox{42} is the count.", "42"),
+        ("The rows: \\boxed{a \\\\{b}}", "a \\\\{b}"),
         ("so the answer is \\boxed 7.", "7"),
         ("Natalia sold 48 + 24 = 72 clips.\n#### 72", "72"),
         ("Adding these up gives 1,234 in all.\n#### 1,234", "1,234"),
@@ -43,7 +44,7 @@ THINKING = (
         ("I answered 3 of them. After all that: 7", None),
         ("I answered 3 of them, so the answer is 7.", "7"),
     ],
-    ids=["nested-dfrac", "escaped-braces", "multiple-boxed", "units", "fbox", "boxed-space", "gsm8k", "gsm8k-comma",
+    ids=["nested-dfrac", "escaped-braces", "multiple-boxed", "units", "fbox", "line-break-then-group", "boxed-space", "gsm8k", "gsm8k-comma",
          "final-answer-line", "answer-is", "markdown-headings", "gsm8k-signed-decimal", "answered-is-not-answer",
          "answer-after-answered"],
 )

@@ -188,8 +188,14 @@ def test_jsonl_tasks_and_prompts(tmp_path):
         ('{"id": "1", "question": "q", "answer": "1"}\n{"id": "1", "question": "r", "answer": "2"}\n', "unique ids"),
         ("not json\n", "invalid JSON"),
         ("", "no problems"),
+        ('{"id": "1", "question": "q", "answer": " "}\n', "expected field 'answer' (a non-empty string); got ' '"),
+        ('{"id": "", "question": "q", "answer": "1"}\n', "expected field 'id' (a non-empty string)"),
+        ('{"id": "1", "question": "q", "answer": "A", "choices": ["x", ""]}\n', "2 to 26 non-empty strings"),
+        ('{"id": "1", "question": "q", "answer": "A", "choices": ' + json.dumps([str(k) for k in range(27)]) + "}\n",
+         "2 to 26 non-empty strings (lettered A to Z)"),
     ],
-    ids=["missing-answer", "bad-letter", "duplicate-id", "not-json", "empty"],
+    ids=["missing-answer", "bad-letter", "duplicate-id", "not-json", "empty", "blank-answer", "empty-id", "empty-choice",
+         "27-choices"],
 )
 def test_bad_jsonl_is_a_one_line_error(tmp_path, content, fragment, capsys):
     path = tmp_path / "bad.jsonl"

@@ -28,14 +28,23 @@ _LETTER_AND_VALUE = re.compile(r"^\(?([A-Z])\s*[):.]\s", re.IGNORECASE)
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\{([^{}]*)\}")
 
 
+def _escaped(text: str, index: int) -> bool:
+    """Whether `text[index]` follows an odd number of backslashes (`\\{` is a literal brace,
+    `\\\\{` a line break and then a group)."""
+    start = index
+    while start > 0 and text[start - 1] == "\\":
+        start -= 1
+    return (index - start) % 2 == 1
+
+
 def _braced(text: str, open_index: int) -> Optional[str]:
     """Content of the brace group opening at `text[open_index] == '{'`, or None if unclosed."""
     depth = 0
     for index in range(open_index, len(text)):
         char = text[index]
-        if char == "{" and text[index - 1 : index] != "\\":
+        if char == "{" and not _escaped(text, index):
             depth += 1
-        elif char == "}" and text[index - 1 : index] != "\\":
+        elif char == "}" and not _escaped(text, index):
             depth -= 1
             if depth == 0:
                 return text[open_index + 1 : index]

@@ -6,8 +6,9 @@ A task name is one of `HUB_TASKS` (loaded with `datasets` when a network is reac
     {"id": "p1", "question": "What is 2 + 3?", "answer": "5"}
     {"id": "p2", "question": "Which is prime?", "answer": "B", "choices": ["4", "5", "6", "8"]}
 
-`id` and `question` are strings, `answer` is the gold answer (for multiple choice the
-letter of the correct option, `A` first), and `choices` is optional. An optional
+`id` and `question` are non-empty strings, `answer` is the gold answer (for multiple
+choice the letter of the correct option, `A` first), and `choices` is optional (2 to 26
+options, lettered A to Z). An optional
 `reference` holds a complete expected output, graded for whole-trace exact match.
 """
 
@@ -112,15 +113,20 @@ def load_jsonl(path: Path) -> list[Problem]:
         if not isinstance(row, dict):
             raise TaskError(f"--tasks: {where}: expected a JSON object; got {type(row).__name__}")
         for field in ("id", "question", "answer"):
-            if field not in row or not isinstance(row[field], (str, int, float)) or isinstance(row[field], bool):
-                raise TaskError(f"--tasks: {where}: expected field {field!r} (a string); got {row.get(field)!r}")
+            value = row.get(field)
+            if not isinstance(value, (str, int, float)) or isinstance(value, bool) or not str(value).strip():
+                raise TaskError(f"--tasks: {where}: expected field {field!r} (a non-empty string); got {value!r}")
         if not isinstance(row.get("reference", ""), str):
             raise TaskError(f"--tasks: {where}: expected 'reference' to be a string (a whole expected output); "
                             f"got {row['reference']!r}")
         choices = row.get("choices")
         if choices is not None:
-            if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) for c in choices):
-                raise TaskError(f"--tasks: {where}: expected 'choices' to be a list of >= 2 strings; got {choices!r}")
+            if (
+                not isinstance(choices, list) or not 2 <= len(choices) <= 26
+                or not all(isinstance(c, str) and c.strip() for c in choices)
+            ):
+                raise TaskError(f"--tasks: {where}: expected 'choices' to be a list of 2 to 26 non-empty strings "
+                                f"(lettered A to Z); got {choices!r}")
             letters = [chr(ord("A") + k) for k in range(len(choices))]
             if str(row["answer"]).strip().upper() not in letters:
                 raise TaskError(
