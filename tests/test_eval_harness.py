@@ -305,3 +305,28 @@ def test_a_full_cache_only_summary_has_its_values():
     table = markdown_table(summarise(records), "accuracy", "Accuracy")
     assert "| task | policy | no eviction |" in table
     assert "| x | full (no eviction) | 75.0 |" in table
+
+
+def test_run_eval_takes_the_demo_model_and_byte_tokenizer(tmp_path, cpu_reference):
+    """The library call runs on `tiny_qwen3` and its `ByteTokenizer` (no chat template, a
+    BOS of its own); with the full cache and greedy decoding each output is the unpatched
+    model's own greedy output for the same prompt."""
+    import torch
+
+    from vase_triton.demo_model import ByteTokenizer, tiny_qwen3
+    from vase_triton.eval.runner import EvalSettings, run_eval
+    from vase_triton.eval.tasks import Problem
+
+    model, tokenizer = tiny_qwen3(seed=5), ByteTokenizer()
+    problems = [Problem("toy", str(k), f"What is {k} + {k}?", str(2 * k)) for k in range(3)]
+    settings = EvalSettings(model="tiny", max_new_tokens=6, batch_size=1, window=4, seed=0, sampling={"do_sample": False})
+    results = run_eval(model, tokenizer, {"toy": problems}, policies=["full"], budgets=[32], samples=1,
+                       settings=settings, out_dir=tmp_path / "run", progress=False)
+    outputs = {record["id"]: record["output"] for record in map(json.loads, results.read_text().splitlines())}
+    for problem in problems:
+        prompt = tokenizer(runner.render_prompt(tokenizer, problem))
+        with torch.inference_mode():
+            expected = model.generate(**prompt, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        new = expected[0, prompt["input_ids"].shape[1]:].tolist()
+        new = new[: new.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in new else new
+        assert outputs[problem.id] == tokenizer.decode(new)

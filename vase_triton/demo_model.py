@@ -23,17 +23,18 @@ class ByteTokenizer:
     pad_token_id, bos_token_id, eos_token_id = PAD_ID, BOS_ID, EOS_ID
     padding_side = "left"
 
-    def encode(self, text: str) -> list[int]:
-        return [BOS_ID] + [byte + _BYTE_OFFSET for byte in text.encode("utf-8")]
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """`text`'s UTF-8 bytes as ids, after a BOS unless `add_special_tokens` is False."""
+        return [BOS_ID] * add_special_tokens + [byte + _BYTE_OFFSET for byte in text.encode("utf-8")]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         data = bytes(int(i) - _BYTE_OFFSET for i in ids if int(i) >= _BYTE_OFFSET)
         return data.decode("utf-8", errors="replace")
 
-    def __call__(self, texts, return_tensors: str = "pt", padding: bool = True) -> dict:
+    def __call__(self, texts, return_tensors: str = "pt", padding: bool = True, add_special_tokens: bool = True) -> dict:
         """`{"input_ids": [B, T], "attention_mask": [B, T]}`, left-padded."""
         texts = [texts] if isinstance(texts, str) else list(texts)
-        encoded = [self.encode(text) for text in texts]
+        encoded = [self.encode(text, add_special_tokens) for text in texts]
         width = max(len(ids) for ids in encoded)
         input_ids = torch.full((len(encoded), width), PAD_ID, dtype=torch.long)
         attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)

@@ -246,7 +246,7 @@ def generate_batch(model, tokenizer, prompts: Sequence[str], config: VaSEConfig,
 
     has_template = bool(getattr(tokenizer, "chat_template", None))
     tokenizer.padding_side = "left"  # the static cache reads prompt lengths from a left-padded mask
-    if tokenizer.pad_token is None:
+    if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     encoded = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=not has_template)
     input_ids = encoded["input_ids"].to(model.device)
