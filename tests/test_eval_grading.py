@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -214,7 +216,25 @@ def test_a_verdict_that_holds_the_interpreter_is_killed_and_the_next_one_still_g
     assert grade("\\frac{2}{5}", "0.5", verifier=verifier) == grading.Grade(False, "math-verify")
 
 
-def test_a_verifier_that_cannot_start_says_why():
+def test_a_verifier_that_cannot_start_says_why(tmp_path, monkeypatch):
     with Verifier(start_timeout_s=0.001) as impatient:
         with pytest.raises(RuntimeError, match="the math-verify process did not start .no answer within 0.001 s"):
             impatient.verdict("1", "2", timeout_s=1)
+    (tmp_path / "math_verify.py").write_text("raise ImportError('math_verify is broken here')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    with Verifier() as broken:
+        with pytest.raises(RuntimeError, match="did not start .ImportError: math_verify is broken here"):
+            broken.verdict("1", "2", timeout_s=60)
+
+
+def test_a_script_without_a_main_guard_is_not_run_again_by_the_verifier(tmp_path):
+    script = tmp_path / "grade.py"
+    script.write_text(
+        "from vase_triton.eval.verifier import Verifier\n"
+        "print('script body ran')\n"
+        "with Verifier() as verifier:\n"
+        "    print(verifier.verdict('\\\\frac{1}{2}', '0.5', 60))\n"
+    )
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["script", "body", "ran", "True"]

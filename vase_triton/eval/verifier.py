@@ -2,21 +2,30 @@
 
 A grading thread cannot be stopped: sympy evaluating `3^{3^{16}}` sits in one C call that
 holds the GIL for half a minute, so an abandoned thread stalls the whole evaluation and
-keeps a core busy afterwards. A process can be killed. The child is started (spawned, so it
-shares no CUDA context or locks with the caller) on the first verdict and again after each
+keeps a core busy afterwards. A process can be killed. The child is a fresh interpreter
+(`python -m vase_triton.eval.verifier`: it shares no CUDA context or locks with the caller
+and never re-runs the caller's script), started on the first verdict and again after each
 kill; its start-up, mostly imports, is waited for separately and never counts against a
 verdict's time. `math-verify`'s own `signal.alarm` timeouts are off: the kill replaces them.
+
+The two talk in JSON lines: `[gold, answer]` in, `true`/`false` out; the child's first line
+is `"ready"` once `math-verify` is imported, or the import error's text.
 """
 
 from __future__ import annotations
 
-import importlib
+import json
 import logging
-import multiprocessing
-import signal
+import os
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
 from typing import Optional
 
 START_TIMEOUT_S = 300.0
+READY = "ready"
 
 
 def _math_verify(gold: str, answer: str) -> bool:
@@ -34,26 +43,32 @@ def _math_verify(gold: str, answer: str) -> bool:
         return False
 
 
-def _serve(connection) -> None:
-    """The child's loop: `(gold, answer)` in, a bool out, until the pipe closes.
-
-    The first message out is None once `math-verify` is imported, or the import error's text.
-    Interrupts are left to the parent, which kills the child when it stops.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def serve() -> None:
+    """The child's loop over stdin until it closes. Anything else printed goes to stderr, so
+    that stdout carries only the replies."""
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     try:
-        importlib.import_module("math_verify")  # once, before the first timed verdict
+        import math_verify
     except Exception as error:
-        connection.send(f"{type(error).__name__}: {error}")
+        replies.write(json.dumps(f"{type(error).__name__}: {error}") + "\n")
+        replies.flush()
         return
-    logging.getLogger("math_verify").setLevel(logging.ERROR)
-    connection.send(None)
-    while True:
-        try:
-            gold, answer = connection.recv()
-        except EOFError:
-            return
-        connection.send(_math_verify(gold, answer))
+    logging.getLogger(math_verify.__name__).setLevel(logging.ERROR)
+    replies.write(json.dumps(READY) + "\n")
+    replies.flush()
+    for line in sys.stdin:
+        gold, answer = json.loads(line)
+        replies.write(json.dumps(_math_verify(gold, answer)) + "\n")
+        replies.flush()
+
+
+def _forward(lines, replies: queue.Queue) -> None:
+    """Put each line the child writes in `replies`, then None when its output ends."""
+    with lines:
+        for line in lines:
+            replies.put(line)
+    replies.put(None)
 
 
 class Verifier:
@@ -64,51 +79,62 @@ class Verifier:
 
     def __init__(self, start_timeout_s: float = START_TIMEOUT_S):
         self.start_timeout_s = start_timeout_s
-        self._process = None
-        self._connection = None
+        self._process: Optional[subprocess.Popen] = None
+        self._replies: queue.Queue = queue.Queue()
 
     def verdict(self, gold: str, answer: str, timeout_s: float) -> Optional[bool]:
         """Whether `answer` equals `gold` per `math-verify`; None when it takes over `timeout_s`
         seconds (the child is then killed and the next verdict starts a new one)."""
-        if self._process is None or not self._process.is_alive():
+        if self._process is None or self._process.poll() is not None:
             self._start()
         try:
-            self._connection.send((gold, answer))
-            if self._connection.poll(timeout_s):
-                return bool(self._connection.recv())
-        except (EOFError, OSError):  # the child died mid-verdict (out of memory, killed): as an overrun
-            pass
-        self.close()
-        return None
+            self._process.stdin.write(json.dumps([gold, answer]) + "\n")
+            self._process.stdin.flush()
+            reply = self._replies.get(timeout=timeout_s)
+        except (OSError, queue.Empty):  # a dead child (out of memory, killed) counts as an overrun
+            reply = None
+        if reply is None:
+            self.close()
+            return None
+        return bool(json.loads(reply))
 
     def _start(self) -> None:
         self.close()
-        context = multiprocessing.get_context("spawn")
-        parent_end, child_end = context.Pipe()
-        process = context.Process(target=_serve, args=(child_end,), name="vase-grading", daemon=True)
-        process.start()
-        child_end.close()
-        self._process, self._connection = process, parent_end
+        package_root = str(Path(__file__).resolve().parents[2])
+        path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            encoding="utf-8", env={**os.environ, "PYTHONPATH": path},
+        )
+        self._replies = queue.Queue()
+        threading.Thread(target=_forward, args=(self._process.stdout, self._replies), daemon=True,
+                         name="vase-grading-replies").start()  # fmt: skip
         try:
-            ready = parent_end.poll(self.start_timeout_s)
-            message = parent_end.recv() if ready else f"no answer within {self.start_timeout_s:g} s"
-        except EOFError:
-            message = f"it exited with code {process.exitcode}"
-        if message is not None:
+            first = self._replies.get(timeout=self.start_timeout_s)
+        except queue.Empty:
+            first = json.dumps(f"no answer within {self.start_timeout_s:g} s")
+        message = json.loads(first) if first is not None else f"it exited with code {self._process.wait()}"
+        if message != READY:
             self.close()
             raise RuntimeError(f"grading: the math-verify process did not start ({message})")
 
     def close(self) -> None:
         """Stop the child process, if any."""
-        if self._process is not None:
-            self._connection.close()
+        if self._process is not None:  # its output stream ends, and is closed, with its reader thread
             self._process.kill()
-            self._process.join()
-            self._process.close()
-        self._process = self._connection = None
+            self._process.wait()
+            try:
+                self._process.stdin.close()
+            except OSError:  # a request the killed child never read
+                pass
+        self._process = None
 
     def __enter__(self) -> "Verifier":
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+if __name__ == "__main__":
+    serve()
