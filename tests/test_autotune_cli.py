@@ -246,10 +246,16 @@ def test_tuning_without_a_gpu_is_refused_in_one_line(config_path, capsys):
         (["autotune", "--show", "--clear"], "not allowed with argument"),
         (["autotune", "--config", "c.json", "--time-limit", "0"], "argument --time-limit: expected a number of seconds > 0"),
         (["autotune", "--config", "c.json", "--prefill-chunk-size", "32"], "--prefill-chunk-size: expected >= --window = 64; got 32"),
+        (["autotune", "--model", "/no/such/model", "--dry-run"], "--model: no such directory: /no/such/model"),
+        (["autotune", "--model", "~/no-such-model", "--dry-run"], "--model: no such directory: ~/no-such-model"),
+        (["autotune", "--model", "org/uncached-model", "--dry-run"],
+         "--model: 'org/uncached-model' is neither a local directory nor in the Hugging Face cache, and the hub is unreachable"),
     ],
-    ids=["no-source", "missing-config", "budget", "kernel", "batch", "show-and-clear", "time-limit", "prefill-chunk"],
+    ids=["no-source", "missing-config", "budget", "kernel", "batch", "show-and-clear", "time-limit", "prefill-chunk",
+         "missing-directory", "missing-home-directory", "uncached-hub-id-offline"],
 )
-def test_bad_arguments_are_one_line_errors(argv, fragment, capsys):
+def test_bad_arguments_are_one_line_errors(argv, fragment, capsys, monkeypatch):
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     try:
         status = main(argv)
     except SystemExit as exit_info:  # argument errors exit from the parser

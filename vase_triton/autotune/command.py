@@ -22,7 +22,7 @@ import triton
 
 from vase_triton.autotune import settings, store
 from vase_triton.autotune.device import SM90_PROFILE, DeviceProfile, current_cuda_profile
-from vase_triton.commands.common import CommandError, choice, comma_list, positive_int
+from vase_triton.commands.common import CommandError, choice, comma_list, hub_options, locate_model, positive_int
 
 DTYPE_CHOICES = ("bfloat16", "float16", "float32")
 SCORE_MODE_CHOICES = ("recompute", "emitted")
@@ -113,8 +113,15 @@ def run_autotune(args) -> int:
         raise CommandError(
             f"--prefill-chunk-size: expected >= --window = {args.window}; got {args.prefill_chunk_size}"
         )
+    model, options = args.model, {}
+    if model is not None:
+        from transformers import AutoConfig
+
+        model, local = locate_model(model)
+        if not local:
+            options = hub_options(model, lambda hub_id: AutoConfig.from_pretrained(hub_id, local_files_only=True))
     try:
-        layout = read_layout(args.model, args.config)
+        layout = read_layout(model, args.config, **options)
     except ValueError as error:
         raise CommandError(str(error)) from None
     launches = [

@@ -88,8 +88,11 @@ def layout_from_config(config: Mapping, source: str) -> AttentionLayout:
     return AttentionLayout(heads, kv_heads, head_dim, source)
 
 
-def read_layout(model: Optional[str] = None, config_path: Optional[str] = None) -> AttentionLayout:
-    """The layout of a model: `config_path` (a config.json), a local model directory, or a hub id.
+def read_layout(
+    model: Optional[str] = None, config_path: Optional[str] = None, *, local_files_only: bool = False
+) -> AttentionLayout:
+    """The layout of a model: `config_path` (a config.json), a local model directory, or a hub id
+    (from the local cache only with `local_files_only`).
 
     Raises ValueError with a one-line reason when the config cannot be read.
     """
@@ -103,7 +106,7 @@ def read_layout(model: Optional[str] = None, config_path: Optional[str] = None) 
         from transformers import AutoConfig
 
         try:
-            config = AutoConfig.from_pretrained(model).to_dict()
+            config = AutoConfig.from_pretrained(model, local_files_only=local_files_only).to_dict()
         except Exception as error:  # transformers raises many types for a missing or invalid model
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise ValueError(f"--model: cannot load the config of {model!r}: {first_line}") from None

@@ -13,7 +13,7 @@ import socket
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -222,6 +222,34 @@ def _looks_like_a_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1
 
 
+def locate_model(name: str) -> tuple[str, bool]:
+    """`(name, local)`: a local directory (`~` expanded), or `name` as a hub id; a one-line
+    `CommandError` for a file or a path that does not exist."""
+    path = Path(name).expanduser()
+    if path.is_file():
+        raise CommandError(f"--model: {name} is a file; expected a transformers model directory or a hub id")
+    if path.is_dir():
+        return str(path), True  # transformers does not expand `~`
+    if _looks_like_a_path(name):
+        raise CommandError(f"--model: no such directory: {name}")
+    return name, False
+
+
+def hub_options(name: str, load_cached: Callable[[str], object]) -> dict:
+    """`from_pretrained` options for hub id `name`: the local cache only when `load_cached(name)`
+    finds it there; else the hub, which must answer now (a one-line `CommandError` if not)."""
+    try:
+        load_cached(name)
+        return {"local_files_only": True}
+    except Exception:  # not in the local hub cache
+        if not hub_reachable():
+            raise CommandError(
+                f"--model: {name!r} is neither a local directory nor in the Hugging Face cache, and the hub is "
+                "unreachable (give a local model directory)"
+            ) from None
+        return {}
+
+
 def load_model(name: str, device: torch.device, dtype: torch.dtype):
     """`(model, tokenizer)` from a local directory or a hub id, or a one-line `CommandError` saying why not.
 
@@ -233,29 +261,16 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype):
 
     from vase_triton.integrations.loading import load_causal_lm
 
-    path = Path(name).expanduser()
-    local = path.is_dir()
-    if path.is_file():
-        raise CommandError(f"--model: {name} is a file; expected a transformers model directory or a hub id")
-    if not local and _looks_like_a_path(name):
-        raise CommandError(f"--model: no such directory: {name}")
+    name, local = locate_model(name)
+    kwargs = dict(local_files_only=True)
     if local:
+        path = Path(name)
         if not (path / "config.json").is_file():
             raise CommandError(f"--model: {name} has no config.json (not a transformers model directory)")
         if not any((path / file).is_file() for file in TOKENIZER_FILES):
             raise CommandError(f"--model: {name} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
-        name = str(path)  # transformers does not expand `~`
-    kwargs = dict(local_files_only=True)
-    if not local:
-        try:
-            AutoTokenizer.from_pretrained(name, local_files_only=True)
-        except Exception:  # not in the local hub cache: the hub must answer now
-            if not hub_reachable():
-                raise CommandError(
-                    f"--model: {name!r} is neither a local directory nor in the Hugging Face cache, and the hub is "
-                    "unreachable (give a local model directory)"
-                ) from None
-            kwargs = {}
+    else:
+        kwargs = hub_options(name, lambda hub_id: AutoTokenizer.from_pretrained(hub_id, local_files_only=True))
     from transformers import AutoConfig
 
     from vase_triton.integrations.models import SUPPORTED_MODEL_TYPES, check_attention_config
