@@ -236,3 +236,7 @@ def test_the_weights_digest_follows_the_weights_not_the_object():
         next(twin.parameters()).view(-1)[-1] += 1.0
     assert weights_digest(model) != weights_digest(twin)
     assert weights_digest(model) != weights_digest(model.to(torch.float64))
+    offloaded = tiny_qwen3(seed=3)
+    offloaded.model.norm.weight = torch.nn.Parameter(torch.empty_like(offloaded.model.norm.weight, device="meta"))
+    # An offloaded weight counts by name and shape: the digest is stable and lacks its values.
+    assert weights_digest(offloaded) == weights_digest(offloaded) != weights_digest(model)

@@ -135,15 +135,17 @@ def batch_digests(problems: Sequence[Problem], samples: int, batch_size: int) ->
 def weights_digest(model, values_per_end: int = 16) -> str:
     """A digest of every parameter's and buffer's name, shape, dtype and first and last
     `values_per_end` values: another checkpoint behind the same `--model` path changes it,
-    without reading every weight."""
+    without reading every weight. Weights may sit on several devices; offloaded ones (on the
+    meta device) count by name and shape only."""
     described, values = [], []
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         described.append(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}")
-        flat = tensor.detach().reshape(-1)
-        values += [flat[:values_per_end].double(), flat[-values_per_end:].double()]
+        if tensor.device.type != "meta":
+            flat = tensor.detach().reshape(-1)
+            values += [flat[:values_per_end].double().cpu(), flat[-values_per_end:].double().cpu()]
     digest = hashlib.sha256("\n".join(described).encode())
     if values:
-        digest.update(torch.cat(values).cpu().numpy().tobytes())
+        digest.update(torch.cat(values).numpy().tobytes())
     return digest.hexdigest()[:16]
 
 
