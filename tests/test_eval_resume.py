@@ -240,3 +240,14 @@ def test_the_weights_digest_follows_the_weights_not_the_object():
     offloaded.model.norm.weight = torch.nn.Parameter(torch.empty_like(offloaded.model.norm.weight, device="meta"))
     # An offloaded weight counts by name and shape: the digest is stable and lacks its values.
     assert weights_digest(offloaded) == weights_digest(offloaded) != weights_digest(model)
+
+
+def test_the_full_cache_is_checked_only_at_the_budget_it_runs_with(tmp_path, capsys):
+    """`full` runs once, at the largest budget: a budget too small for an evicting cache is no
+    reason to refuse it, and is still refused for a policy that would run at it."""
+    rest = ["--max-new-tokens", "6", "--no-progress", "--problems", "2", "--budgets", "10,41"]
+    assert main(["eval", "--policies", "full", *rest, "--out", str(tmp_path / "full")]) == 0
+    assert {record["budget"] for record in _records(tmp_path / "full")} == {None}
+    capsys.readouterr()
+    assert main(["eval", "--policies", "full,vase", *rest, "--out", str(tmp_path / "vase")]) == 1
+    assert "--budgets: 10 with 'vase': budget: expected budget > window" in _one_line_error(capsys)

@@ -137,7 +137,7 @@ def _model_plan(args) -> _EvalPlan:
 
 
 def run_eval_command(args) -> int:
-    from vase_triton.eval.runner import EvalSettings, RunError, planned_records, run_eval
+    from vase_triton.eval.runner import FULL, EvalSettings, RunError, planned_records, run_eval
     from vase_triton.eval.summary import AVERAGE, markdown_table, write_summary
     from vase_triton.eval.tasks import TaskError, load_task, task_label
 
@@ -146,7 +146,8 @@ def run_eval_command(args) -> int:
     dtype = resolve_dtype(args.dtype, device)
     plan = _testbed_plan(args) if args.model is None else _model_plan(args)
     for policy in args.policies:
-        for budget in plan.budgets:
+        # The configurations that will run: the full cache once, at the largest budget (`runner.Run.config`).
+        for budget in [max(plan.budgets)] if policy == FULL else plan.budgets:
             try:
                 VaSEConfig(policy=policy, budget=budget, window=plan.window, score_mode=args.score_mode)
             except (ValueError, TypeError) as error:
