@@ -251,3 +251,14 @@ def test_the_full_cache_is_checked_only_at_the_budget_it_runs_with(tmp_path, cap
     capsys.readouterr()
     assert main(["eval", "--policies", "full,vase", *rest, "--out", str(tmp_path / "vase")]) == 1
     assert "--budgets: 10 with 'vase': budget: expected budget > window" in _one_line_error(capsys)
+
+
+def test_answers_that_timed_out_in_grading_are_counted_in_a_note(tmp_path, capsys, monkeypatch):
+    from vase_triton.eval import grading, runner
+
+    verdicts = iter([grading.Grade(False, "timeout"), grading.Grade(True, "string")])
+    monkeypatch.setattr(runner, "grade", lambda *args, **kwargs: next(verdicts))
+    assert main(TESTBED + ["--problems", "2", "--out", str(tmp_path / "run")]) == 0
+    assert [record["grading"] for record in _records(tmp_path / "run")] == ["timeout", "string"]
+    err = capsys.readouterr().err
+    assert "note: 1 of 2 answers could not be graded within --grading-timeout 10 s and count as wrong" in err

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import importlib.util
 import math
+import sys
 from pathlib import Path
 
 from vase_triton.commands.common import (
@@ -208,4 +209,9 @@ def run_eval_command(args) -> int:
     if any(cell.trace_exact is not None for cell in cells):
         print(markdown_table(cells, "trace_exact", "Whole-trace exact match (%)"))
     print(f"results: {results}; summary: {plan.out_dir / written[0]} (+ {', '.join(written[1:])})")
+    timed_out = sum(record["grading"] == "timeout" for record in records)
+    if timed_out:
+        print(f"note: {timed_out} of {len(records)} answers could not be graded within --grading-timeout "
+              f"{args.grading_timeout:g} s and count as wrong (their records say \"grading\": \"timeout\")",
+              file=sys.stderr)  # fmt: skip
     return 0
