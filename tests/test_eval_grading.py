@@ -227,6 +227,16 @@ def test_a_verifier_that_cannot_start_says_why(tmp_path, monkeypatch):
             broken.verdict("1", "2", timeout_s=60)
 
 
+def test_the_verifier_process_loads_neither_the_package_nor_torch(tmp_path, monkeypatch):
+    """Each start after a kill costs only math-verify's imports: modules that refuse to be
+    imported, planted first on the child's path, leave it grading."""
+    for name in ("torch", "vase_triton"):
+        (tmp_path / f"{name}.py").write_text(f"raise ImportError('the grading process imported {name}')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    with Verifier() as isolated:
+        assert isolated.verdict("\\frac{1}{2}", "0.5", timeout_s=60) is True
+
+
 def test_a_script_without_a_main_guard_is_not_run_again_by_the_verifier(tmp_path):
     script = tmp_path / "grade.py"
     script.write_text(
