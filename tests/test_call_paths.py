@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import DynamicCache, GenerationConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 import vase_triton
 from vase_triton import VaSECache, VaSEConfig
@@ -115,12 +115,12 @@ def test_past_key_values_keyword_still_reaches_the_cache(model, tokenizer):
     assert torch.equal(got, want) and cache.seen_tokens > 0
 
 
-def test_output_attentions_warns_and_gives_none(model, tokenizer, caplog):
+def test_output_attentions_warns_and_returns_no_weights(model, tokenizer, caplog):
     vase_triton.patch_qwen3(model, FULL)
     cache = VaSECache.for_model(model, FULL, batch_size=1, max_length=64)
     with torch.no_grad(), caplog.at_level("WARNING"):
         out = model(**tokenizer(PROMPTS[0]), cache=cache, output_attentions=True)
-    assert all(attention is None for attention in (out.attentions or ()))
+    assert out.attentions in (None, ())
     assert "does not return attention weights" in caplog.text
 
 
@@ -191,6 +191,54 @@ def test_inputs_that_do_not_fit_the_cache_are_refused_before_it_changes(model, t
 
 
 @torch.no_grad()
+def test_a_decode_step_of_a_model_the_cache_was_not_made_for_is_refused_before_it_changes(model, tokenizer):
+    """One-token calls (decode steps) of models with other layers, heads or dtype, tried before
+    every step: each is refused naming what differs, the cache keeps its state (but for an
+    eviction that fell due, which the next step would run anyway), and the decoding that
+    follows is the one without the mistakes."""
+    config = VaSEConfig(policy="vase", budget=16, window=4, n_sink=1, seed=3)
+    vase_triton.patch_qwen3(model, config)
+    inputs = tokenizer(PROMPTS[:2])
+
+    def variant(**overrides):
+        torch.manual_seed(0)
+        settings = {key: value for key, value in model.config.to_dict().items() if key != "layer_types"}
+        other = Qwen3ForCausalLM(Qwen3Config(**{**settings, **overrides}))
+        return vase_triton.patch_qwen3(other, config)
+
+    mistakes = [
+        (variant(num_hidden_layers=1), ValueError, r"cache: made for num_layers=2, the model has num_layers=1"),
+        (variant(num_hidden_layers=3), ValueError, r"cache: made for num_layers=2, the model has num_layers=3"),
+        (variant(num_key_value_heads=4), ValueError, r"cache: made for num_kv_heads=2, the model has num_kv_heads=4"),
+        (variant(num_attention_heads=8), ValueError,
+         r"cache: made for num_query_heads=4, the model has num_query_heads=8"),
+        (variant(head_dim=32), ValueError, r"cache: made for head_dim=64, the model has head_dim=32"),
+        (vase_triton.patch_qwen3(tiny_qwen3(seed=1, dtype=torch.bfloat16), config), TypeError,
+         r"query: expected dtype torch.float32 like the cache; got torch.bfloat16"),
+    ]
+
+    def decode(cache, mistakes):
+        logits = model(**inputs, cache=cache).logits
+        for _ in range(12):
+            token = logits[:, -1:].argmax(-1)
+            for other, error, match in mistakes:
+                due = cache.stores[0].length_bound >= cache.capacity
+                before = _cache_state(cache)
+                with pytest.raises(error, match=match):
+                    other(input_ids=token, cache=cache)
+                assert not cache.in_step
+                if not due:
+                    assert _cache_state(cache) == before
+            logits = model(input_ids=token, cache=cache).logits
+        return logits, _cache_state(cache)
+
+    want = decode(VaSECache.for_model(model, config, batch_size=2), [])
+    got = decode(VaSECache.for_model(model, config, batch_size=2), mistakes)
+    assert got[1] == want[1] and got[1][1][0][2] >= 2  # evictions during the mistakes
+    assert torch.equal(got[0], want[0])
+
+
+@torch.no_grad()
 def test_an_attention_implementation_set_after_patching_is_refused_until_patched_again(model, tokenizer):
     inputs = tokenizer(PROMPTS[0])
     want = model.generate(**inputs, max_new_tokens=8, do_sample=False)
@@ -230,6 +278,21 @@ def test_use_cache_false_with_a_vase_cache_is_refused(model, tokenizer):
     with pytest.raises(ValueError, match=r"use_cache: False with a VaSECache .*; got use_cache=False"):
         model.generate(**tokenizer(PROMPTS[0]), max_new_tokens=4, use_cache=False, cache=cache)
     assert cache.seen_tokens == 0
+
+
+@pytest.mark.parametrize("where", ["argument", "generation_config", "model_generation_config"])
+def test_generate_with_use_cache_false_in_any_config_runs_the_original_attention(model, tokenizer, where):
+    """No VaSE cache is made when the generation config says `use_cache=False`, wherever it says it."""
+    inputs = tokenizer(PROMPTS[:2])
+    want = greedy(model, 6, use_cache=False, **inputs)
+    settings = {"generation_config": GenerationConfig(use_cache=False, pad_token_id=model.config.pad_token_id)}
+    kwargs = {"argument": {"use_cache": False}, "generation_config": settings}.get(where, {})
+    if where == "model_generation_config":
+        model.generation_config.use_cache = False
+    vase_triton.patch_qwen3(model, VaSEConfig(policy="vase", budget=8, window=4))  # would evict if it ran
+    got = greedy(model, 6, **inputs, **kwargs)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert model._vase_patch_state.last_cache is None
 
 
 def test_a_cache_for_something_that_is_not_a_model_is_refused():

@@ -323,6 +323,9 @@ def test_refusals_are_clear(model, tokenizer):
     with pytest.raises(ValueError, match="assistant_model.*assisted decoding"):
         model.generate(**inputs, max_new_tokens=4, assistant_model=tiny_qwen3(seed=3), do_sample=False)
     cache = VaSECache.for_model(model, model._vase_patch_state.config, batch_size=1)
+    with pytest.raises(ValueError, match="assistant_early_exit.*early-exit"):
+        model.generate(**inputs, max_new_tokens=4, assistant_early_exit=1, do_sample=False, cache=cache)
+    assert cache.seen_tokens == 0 and cache.stores[0].length_bound == 0
     model.generate(**inputs, max_new_tokens=4, do_sample=False, cache=cache)
     with pytest.raises(NotImplementedError, match="beam search"):
         cache.reorder_cache(torch.tensor([0]))

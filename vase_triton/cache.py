@@ -310,7 +310,7 @@ class VaSECacheLayer:
 
     # ----------------------------------------------------------------------------- checks
 
-    def _check_inputs(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> int:
+    def check_inputs(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> int:
         """Validate `query [B, Hq, T, D]`, `key`/`value [B, Hkv, T, D]` against the cache; return T."""
         check_rank("query", query, 4, "[B, Hq, T, D]")
         check_rank("key", key, 4, "[B, Hkv, T, D]")
@@ -399,7 +399,7 @@ class VaSECacheLayer:
         Returns:
             `[B, Hq, T, D]` attention output (zeros for pad queries of empty rows).
         """
-        new_tokens = self._check_inputs(query, key, value, scale)
+        new_tokens = self.check_inputs(query, key, value, scale)
         if valid_lengths is not None:
             check_lengths("valid_lengths", valid_lengths, self.batch_size, 0, new_tokens)
             if valid_lengths.device != self.device:
@@ -523,6 +523,13 @@ class VaSECacheLayer:
         self.length_bound += 1
         self.queries_seen += 1
 
+    def cancel_decode_step(self) -> None:
+        """Take back the count of a `prepare_decode_step` whose `decode_step` never ran (the
+        forward pass was refused first). An eviction it ran stays: it is the one the next
+        decode step would run, on the same tokens, with the same draw."""
+        self.length_bound -= 1
+        self.queries_seen -= 1
+
     def decode_step(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, scale: float) -> torch.Tensor:
         """Append one token per sequence and attend over the cache; device-only, trace-safe.
 
@@ -562,7 +569,7 @@ class VaSECacheLayer:
         Returns:
             `[B, Hq, 1, D]`.
         """
-        new_len = self._check_inputs(query, key, value, scale)
+        new_len = self.check_inputs(query, key, value, scale)
         if new_len != 1:
             raise ValueError(f"key: expected one new token per sequence, shape [B, Hkv, 1, D]; got T={new_len}")
         self.scale = float(scale)

@@ -70,8 +70,8 @@ def _make_attention(original: Optional[str]) -> Callable:
             raise ValueError(f"dropout: the VaSE cache path is for inference and supports no dropout; got {dropout}")
         if kwargs.get("output_attentions", False):
             _logger.warning_once(
-                "`vase` attention does not return attention weights: `output_attentions=True` gives None for the "
-                "layers that run over a VaSECache."
+                "`vase` attention does not return attention weights: with `output_attentions=True`, the layers "
+                "that run over a VaSECache add nothing to the outputs' `attentions`."
             )
         out = vase_cache.attend(module.layer_idx, query, key, value, scaling)
         return out.transpose(1, 2), None

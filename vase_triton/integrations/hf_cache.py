@@ -16,6 +16,7 @@ over GPUs with `device_map`), and are sized for the KV heads that device holds
 
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple, Optional, Sequence
 
 import torch
@@ -252,6 +253,10 @@ class VaSECache(Cache):
         self.step_valid_lengths: Optional[torch.Tensor] = None
         self._mask_placeholders: dict[torch.device, torch.Tensor] = {}
         self.eviction_graph: Optional[EvictionGraph] = None  # made at the first graph-replayed eviction
+        self._checked_model: Optional[weakref.ref] = None  # a weak reference: a cache does not keep its model alive
+        # Layers that stored the open decode step's token, counted when the step runs eagerly:
+        # a step refused before the first one stored is taken back whole (`abort_step`).
+        self._layers_stored = 0
 
     @classmethod
     def for_model(
@@ -272,19 +277,25 @@ class VaSECache(Cache):
         return wanted == self.layout
 
     def check_model(self, model) -> None:
-        """Raise unless the buffers were made for `model`'s layer count, KV heads and head dim.
+        """Raise unless the buffers were made for `model`'s layer count, KV heads, head dim and
+        query heads (once they are known: a cache made without them sizes them at its first step).
 
         The dtype is left to the ops, which refuse keys of another dtype than the cache's: a
         model run under autocast computes its keys in another dtype than its weights'.
         """
         geometry = _model_geometry(model)
-        for name in ("num_layers", "num_kv_heads", "head_dim"):
-            made_for, needed = getattr(self.layout, name), geometry[name]
-            if made_for != needed:
+        made_for = self.layout._asdict() | {"num_query_heads": self.stores[0].num_query_heads}
+        for name in ("num_layers", "num_kv_heads", "head_dim", "num_query_heads"):
+            if made_for[name] is not None and made_for[name] != geometry[name]:
                 raise ValueError(
-                    f"cache: made for {name}={made_for}, the model has {name}={needed}; make the cache for this "
-                    "model with VaSECache.for_model(model, config, batch_size=...)"
+                    f"cache: made for {name}={made_for[name]}, the model has {name}={geometry[name]}; make the "
+                    "cache for this model with VaSECache.for_model(model, config, batch_size=...)"
                 )
+        self._checked_model = weakref.ref(model)
+
+    def checked_for(self, model) -> bool:
+        """Whether the last `check_model` accepted `model` (so that decode steps need not walk its layers again)."""
+        return self._checked_model is not None and self._checked_model() is model
 
     @classmethod
     def reuse_or_make(
@@ -337,6 +348,7 @@ class VaSECache(Cache):
                 f"input_ids: expected at least one new token per row; got {num_new_tokens!r}{conversation}"
             )
         self.step_valid_lengths = None
+        self._layers_stored = 0
         self.is_decode_step = num_new_tokens == 1 and self.seen_tokens > 0
         if self.is_decode_step:
             self._scratch.release()
@@ -360,12 +372,25 @@ class VaSECache(Cache):
         """Count the tokens (and the decode step) of the forward pass that `begin_step` opened."""
         self.seen_tokens += num_new_tokens
         self.decode_steps += self.is_decode_step
-        self.abort_step()
+        self._close_step()
 
-    def abort_step(self) -> None:
-        """Close the open step without counting its tokens (its forward pass raised)."""
+    def abort_step(self, *, ran_eagerly: bool = True) -> None:
+        """Close the open step without counting its tokens (its forward pass raised).
+
+        A decode step that ran eagerly and was refused before any layer stored its token is
+        taken back whole: the layers' counts return to where they were, so the next step
+        runs as this one would have (an eviction that fell due here has run; it is the one
+        the next step would run). A compiled step's progress is not seen from the host.
+        """
+        if self.in_step and self.is_decode_step and ran_eagerly and self._layers_stored == 0:
+            for store in self.stores:
+                store.cancel_decode_step()
+        self._close_step()
+
+    def _close_step(self) -> None:
         self.in_step = False
         self.step_valid_lengths = None
+        self._layers_stored = 0
 
     def _eviction_graph(self) -> Optional[EvictionGraph]:
         """The cache's `EvictionGraph`, or None when its layers cannot replay evictions from one graph."""
@@ -417,6 +442,9 @@ class VaSECache(Cache):
         """
         store = self.stores[layer_idx]
         if self.is_decode_step:
+            store.check_inputs(query, key, value, scale)  # shapes and dtypes only: free once traced
+            if not torch.compiler.is_compiling():
+                self._layers_stored += 1
             return store.decode_step(query, key, value, scale=scale)
         valid = self.step_valid_lengths
         if valid is not None and valid.device != store.device:
@@ -428,4 +456,4 @@ class VaSECache(Cache):
         super().reset()
         self.seen_tokens = 0
         self.decode_steps = 0
-        self.abort_step()
+        self._close_step()

@@ -226,6 +226,8 @@ def _patched_forward(self, *args, **kwargs):
     if new_tokens > 1 or cache.seen_tokens == 0:  # not a decode step (`begin_step` checks those)
         cache.check_model(self)
         cache.stores[0].check_room(new_tokens)  # refused whole, before any chunk is stored (layers fill alike)
+    elif not cache.checked_for(self):  # a decode step of another model than the last checked
+        cache.check_model(self)
     chunk = state.config.prefill_chunk_size
     if new_tokens <= chunk or isinstance(kwargs.get("logits_to_keep"), torch.Tensor):
         return _run_step(self, state, cache, kwargs, new_tokens)
@@ -254,7 +256,7 @@ def _run_step(model, state: _PatchState, cache: VaSECache, kwargs: dict, new_tok
     try:
         output = _compiled_step(state, cache, kwargs) if compiled else state.previous_forward(**kwargs)
     except BaseException:
-        cache.abort_step()
+        cache.abort_step(ran_eagerly=not compiled)
         raise
     cache.end_step(new_tokens)
     return output
@@ -336,6 +338,7 @@ _REFUSED_GENERATION = {
     "num_beams": ("beam search", lambda value: value is not None and value > 1),
     "assistant_model": ("assisted decoding", lambda value: value is not None),
     "prompt_lookup_num_tokens": ("prompt-lookup decoding", lambda value: value is not None),
+    "assistant_early_exit": ("early-exit (self-speculative) decoding", lambda value: value is not None),
 }
 
 
@@ -364,7 +367,7 @@ def _patched_generate(self, *args, **kwargs):
             "use_cache: False with a VaSECache would store the whole sequence again at every step; got "
             "use_cache=False (drop the cache argument to generate without one)"
         )
-    if cache is None and kwargs.get("use_cache", True):
+    if cache is None and _generation_setting(self, kwargs, "use_cache") is not False:
         kwargs[state.cache_kwarg] = _cache_for_call(self, state, args, kwargs)
     return state.previous_generate(*args, **kwargs)
 
