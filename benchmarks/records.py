@@ -9,6 +9,7 @@ are compared with each other.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -19,6 +20,19 @@ ROOFLINES = (MATMUL, COPY)
 # The decode suite's rows, which the eviction suite's amortised cost is a percentage of.
 DECODE_SUITE = "decode"
 DECODE_KERNEL = "decode attention (one step)"
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(name: str, ok: bool, expected: str, value) -> None:
+    if not ok:
+        raise ValueError(f"{name}: expected {expected}; got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -37,6 +51,16 @@ class CurvePoint:
     kv_bytes: int
     peak_bytes: Optional[int] = None
     steps: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _check("curve.generated", _is_count(self.generated) and self.generated >= 0, "a token count", self.generated)
+        for name in ("step_s", "tokens_per_s"):
+            value = getattr(self, name)
+            _check(f"curve.{name}", _is_number(value) and value >= 0, "a finite number >= 0", value)
+        for name in ("kv_bytes", "peak_bytes", "steps"):
+            value = getattr(self, name)
+            if name == "kv_bytes" or value is not None:
+                _check(f"curve.{name}", _is_count(value) and value >= 0, "a count >= 0", value)
 
     @property
     def centre(self) -> float:
@@ -72,8 +96,21 @@ class Record:
     details: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name in ("suite", "kernel", "provider", "shape"):
+            value = getattr(self, name)
+            _check(name, isinstance(value, str) and value != "", "a non-empty string", value)
+        for name in ("flops", "bytes_moved"):
+            value = getattr(self, name)
+            _check(name, value is None or (_is_number(value) and value > 0), "a positive number or None", value)
         if self.roofline is not None and self.roofline not in ROOFLINES:
             raise ValueError(f"roofline: expected one of {ROOFLINES} or None; got {self.roofline!r}")
+        _check("compare_to", all(isinstance(p, str) and p for p in self.compare_to), "provider names",
+               self.compare_to)  # fmt: skip
+        _check("per_step", self.per_step is None or (_is_count(self.per_step) and self.per_step > 0),
+               "a positive count or None", self.per_step)  # fmt: skip
+        relative = self.relative_to
+        _check("relative_to", relative is None or (len(relative) == 4 and all(isinstance(p, str) for p in relative)),
+               "(suite, kernel, provider, shape) or None", relative)  # fmt: skip
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -94,6 +131,9 @@ class Record:
     def from_extra_info(cls, info: dict[str, Any]) -> "Record":
         fields = {f.name for f in dataclasses.fields(cls)}
         values = {name: info[name] for name in fields if name in info}
+        for name in ("compare_to", "relative_to", "curve"):
+            _check(name, values.get(name) is None or isinstance(values[name], list), "a list or null", values.get(name))
+        _check("details", isinstance(values.get("details") or {}, dict), "an object", values.get("details"))
         values["compare_to"] = tuple(values.get("compare_to") or ())
         relative = values.get("relative_to")
         values["relative_to"] = None if relative is None else tuple(relative)

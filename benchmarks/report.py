@@ -80,11 +80,10 @@ class Row:
         roofline = self.run.roofline
         if roofline is None or self.record.roofline is None:
             return None
-        if self.record.roofline == MATMUL and self.tflops is not None:
-            return 100.0 * self.tflops / roofline["matmul_tflops"]
-        if self.record.roofline == COPY and self.gbs is not None:
-            return 100.0 * self.gbs / roofline["copy_gbs"]
-        return None
+        achieved, peak = (self.tflops, "matmul_tflops") if self.record.roofline == MATMUL else (self.gbs, "copy_gbs")
+        if achieved is None or roofline.get(peak) is None:
+            return None
+        return 100.0 * achieved / roofline[peak]
 
     @property
     def per_step_s(self) -> Optional[float]:
@@ -144,10 +143,16 @@ def load_runs(paths: Sequence[Path], prefix: str = "#") -> list[Row]:
 def _rows_of_run(data: dict, info: dict, *, run_id: str, source: str) -> list[Row]:
     """The rows of one file's run; KeyError, TypeError or AttributeError when a field is malformed."""
     roofline = info.get("roofline")
+    if roofline is not None and not isinstance(roofline, dict):
+        raise ValueError(f"roofline: expected an object or null; got {roofline!r}")
     for name in ("copy_gbs", "matmul_tflops"):
         value = (roofline or {}).get(name)
-        if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):
+        if value is not None and not (_is_number(value) and 0 < value < math.inf):
             raise ValueError(f"roofline.{name} must be a positive number; got {value!r}")
+    for name, kind in (("device", str), ("profile", str), ("versions", dict), ("timing", str)):
+        if name in info and not isinstance(info[name], kind):
+            raise ValueError(f"machine_info.vase_bench.{name}: expected {'a string' if kind is str else 'an object'}; "
+                             f"got {info[name]!r}")  # fmt: skip
     run = Run(
         id=run_id,
         source=source,
@@ -159,33 +164,56 @@ def _rows_of_run(data: dict, info: dict, *, run_id: str, source: str) -> list[Ro
         roofline=roofline,
         timing=info.get("timing", ""),
     )
-    rows = []
+    rows, seen = [], set()
     for bench in data["benchmarks"]:
         if not all(name in (bench.get("extra_info") or {}) for name in ("suite", "kernel", "provider", "shape")):
             raise ValueError(f"benchmark {bench.get('name')!r} has no vase_triton record (extra_info)")
-        rows.append(_row(run, bench))
+        row = _row(run, bench)
+        if row.record.key in seen:
+            raise ValueError(f"the row {' / '.join(row.record.key)} appears twice")
+        seen.add(row.record.key)
+        rows.append(row)
     return rows
 
 
 def _read_json(path: Path):
     """The JSON value in `path`; ValueError naming the file when it cannot be read or parsed."""
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
         raise ValueError(f"{path}: cannot read it ({error.strerror})") from None
     except ValueError as error:
         raise ValueError(f"{path}: not JSON ({error})") from None
 
 
+def _is_number(value) -> bool:
+    """A JSON number (NaN and infinities included), not a boolean."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _row(run: Run, bench: dict) -> Row:
+    """One benchmark's row. A NaN, infinite, zero or negative median is no timing (untimed); a NaN
+    or negative IQR, or a non-finite sample, leaves the IQR or the percentiles absent."""
     record = Record.from_extra_info(bench["extra_info"])
     stats = bench.get("stats")
-    if not stats or not 0 < stats["median"] < math.inf:  # untimed, or a NaN or zero median: no timing to report
+    if not stats:
         return Row(run, record, None, None, None, None, 0)
-    data = sorted(float(sample) for sample in stats.get("data") or [])
-    p20 = quantile(data, 0.2) if data else None
-    p80 = quantile(data, 0.8) if data else None
-    return Row(run, record, stats["median"], stats["iqr"], p20, p80, stats["rounds"])
+    for name in ("median", "iqr"):
+        if not _is_number(stats[name]):
+            raise ValueError(f"stats.{name}: expected a number; got {stats[name]!r}")
+    samples = stats.get("data") or []
+    if not isinstance(samples, list) or not all(_is_number(sample) for sample in samples):
+        raise ValueError(f"stats.data: expected a list of numbers; got {samples!r}"[:200])
+    if not isinstance(stats["rounds"], int) or isinstance(stats["rounds"], bool):
+        raise ValueError(f"stats.rounds: expected a count; got {stats['rounds']!r}")
+    if not 0 < stats["median"] < math.inf:
+        return Row(run, record, None, None, None, None, 0)
+    iqr = stats["iqr"] if 0 <= stats["iqr"] < math.inf else None
+    data = sorted(float(sample) for sample in samples)
+    finite = bool(data) and all(math.isfinite(sample) for sample in data)
+    p20 = quantile(data, 0.2) if finite else None
+    p80 = quantile(data, 0.8) if finite else None
+    return Row(run, record, stats["median"], iqr, p20, p80, stats["rounds"])
 
 
 # ----------------------------------------------------------------------------- lookups
@@ -250,17 +278,33 @@ class Change:
             return "new"
         if self.new_s is None:
             return "not in this run"
-        if self.change > self.threshold:
+        if self.new_s > self.old_s * (1.0 + self.threshold):  # a product, so that exactly 5 % slower is not over 5 %
             return "REGRESSION"
-        if self.change < -self.threshold:
+        if self.new_s < self.old_s * (1.0 - self.threshold):
             return "faster"
         return "unchanged"
 
 
+def _medians(rows: Sequence[Row], side: str) -> dict[tuple, float]:
+    """Timed rows' medians by device and `(suite, kernel, provider, shape)`; ValueError when two
+    files of one side hold the same row (which one to compare would be a guess)."""
+    medians, sources = {}, {}
+    for row in rows:
+        if row.median_s is None:
+            continue
+        key = (row.run.device, *row.record.key)
+        if key in medians:
+            raise ValueError(f"{side}: the row {' / '.join(key)} is in both {sources[key]} and {row.run.source}; "
+                             "compare one run of it at a time")  # fmt: skip
+        medians[key], sources[key] = row.median_s, row.run.source
+    return medians
+
+
 def compare(new_rows: Sequence[Row], old_rows: Sequence[Row], threshold: float) -> list[Change]:
-    """Every timed row of either side, matched by device and `(suite, kernel, provider, shape)`."""
-    old = {(row.run.device, *row.record.key): row.median_s for row in old_rows if row.median_s is not None}
-    new = {(row.run.device, *row.record.key): row.median_s for row in new_rows if row.median_s is not None}
+    """Every timed row of either side, matched by device and `(suite, kernel, provider, shape)`.
+
+    ValueError when one side holds a row twice (in two of its files)."""
+    new, old = _medians(new_rows, "results"), _medians(old_rows, "--compare")
     return [Change(key, old.get(key), new.get(key), threshold) for key in dict.fromkeys([*new, *old])]
 
 
@@ -305,9 +349,11 @@ def format_speedup(value: Optional[float]) -> str:
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]], right_from: int) -> list[str]:
     align = ["---" if i < right_from else "---:" for i in range(len(header))]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
-    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
-    return lines
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"  # a `|` in a name ends no cell
+
+    return [line(header), "|" + "|".join(align) + "|"] + [line(cells) for cells in rows]
 
 
 def runs_section(runs: Sequence[Run]) -> list[str]:
@@ -392,8 +438,12 @@ def _decode_checks(rows: Sequence[Row]) -> list[TargetCheck]:
         if (record.suite, record.provider) != ("decode", "vase") or record.shape not in DECODE_TARGET_SHAPES:
             continue
         percent = row.roofline_percent
-        measured = "no roofline" if percent is None else (
-            f"{percent:.1f} % ({format_gbs(row.gbs)} GB/s{_timed_as(row)})")
+        if row.median_s is None:
+            measured = ABSENT
+        elif percent is None:
+            measured = f"no roofline ({format_time(row.median_s)})"
+        else:
+            measured = f"{percent:.1f} % ({format_gbs(row.gbs)} GB/s{_timed_as(row)})"
         checks.append(TargetCheck(DECODE_TARGET, f"{record.shape} (run {row.run.id})", measured,
                                   None if percent is None else percent >= 70.0))  # fmt: skip
     return checks
@@ -738,7 +788,7 @@ CSV_FIELDS = ("run", "device", "profile", "torch", "triton", "transformers", "co
 
 
 def write_csv(rows: Sequence[Row], path: Path) -> None:
-    with path.open("w", newline="") as handle:
+    with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(CSV_FIELDS)
         for row in rows:
@@ -844,7 +894,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     threshold = (DEFAULT_THRESHOLD_PERCENT if args.threshold is None else args.threshold) / 100.0
     changes = None
     if args.compare:
-        changes = compare(rows, _load_argument(parser, "--compare", args.compare, "old #"), threshold)
+        try:
+            changes = compare(rows, _load_argument(parser, "--compare", args.compare, "old #"), threshold)
+        except ValueError as error:
+            parser.exit(2, f"{parser.prog}: error: argument --compare: {error}\n")
         if all(change.old_s is None or change.new_s is None for change in changes):
             devices = sorted({row.run.device for row in rows})
             parser.exit(2, f"{parser.prog}: error: argument --compare: no timed row matches one of this run by "
@@ -856,7 +909,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             plots, plot_note = plot_curves(rows, args.out), None
         except ImportError:
             plots, plot_note = [], "Plots not drawn: matplotlib is not installed (`pip install -e \".[bench]\"`)."
-        (args.out / "report.md").write_text(render(rows, changes, threshold, plots, plot_note))
+        (args.out / "report.md").write_text(render(rows, changes, threshold, plots, plot_note), encoding="utf-8")
         write_csv(rows, args.out / "results.csv")
     except OSError as error:
         parser.exit(2, f"{parser.prog}: error: argument --out: {error.filename or args.out}: {error.strerror}\n")

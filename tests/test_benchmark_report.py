@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -314,15 +317,32 @@ def _drop(mapping: dict, key: str) -> None:
     "edit, problem",
     [(lambda d: _drop(d["machine_info"]["vase_bench"], "device"), "malformed record (KeyError: no field 'device')"),
      (lambda d: d["machine_info"].update(vase_bench="x"), "expected a pytest-benchmark JSON"),
-     (lambda d: d["machine_info"]["vase_bench"].update(versions=None), "malformed record (TypeError"),
+     (lambda d: d["machine_info"]["vase_bench"].update(versions=None),
+      "machine_info.vase_bench.versions: expected an object; got None"),
+     (lambda d: d["machine_info"]["vase_bench"].update(device=7), "machine_info.vase_bench.device: expected a string"),
      (lambda d: d.update(benchmarks=[1]), "malformed record (AttributeError"),
      (lambda d: _drop(d["benchmarks"][0]["stats"], "median"), "malformed record (KeyError: no field 'median')"),
-     (lambda d: d["benchmarks"][0]["stats"].update(median="0.001"), "malformed record (TypeError"),
+     (lambda d: d["benchmarks"][0]["stats"].update(median="0.001"), "stats.median: expected a number; got '0.001'"),
+     (lambda d: d["benchmarks"][0]["stats"].update(median=True), "stats.median: expected a number; got True"),
+     (lambda d: d["benchmarks"][0]["stats"].update(data=[1e-3, "x"]), "stats.data: expected a list of numbers"),
+     (lambda d: d["benchmarks"][0]["extra_info"].update(flops="5"), "flops: expected a positive number or None; got '5'"),
+     (lambda d: d["benchmarks"][0]["extra_info"].update(flops=-5), "flops: expected a positive number or None; got -5"),
+     (lambda d: d["benchmarks"][0]["extra_info"].update(shape=5), "shape: expected a non-empty string; got 5"),
+     (lambda d: d["benchmarks"][0]["extra_info"].update(provider=None),
+      "provider: expected a non-empty string; got None"),
+     (lambda d: d["benchmarks"][0]["extra_info"].update(compare_to="sdpa"),
+      "compare_to: expected a list or null; got 'sdpa'"),
+     (lambda d: d["benchmarks"].append(copy.deepcopy(d["benchmarks"][0])),
+      "the row prefill / prefill attention (causal) / vase / Qwen3-8B B1 T8192 appears twice"),
      (lambda d: d["benchmarks"][0]["extra_info"].update(curve=[{"x": 1}]), "malformed record (TypeError"),
      (lambda d: d["machine_info"]["vase_bench"]["roofline"].update(copy_gbs=0),
-      "roofline.copy_gbs must be a positive number; got 0")],
-    ids=["no-device", "record-not-a-dict", "versions-null", "row-not-a-dict", "no-median", "median-a-string",
-         "curve-point-fields", "zero-bandwidth"],
+      "roofline.copy_gbs must be a positive number; got 0"),
+     (lambda d: d["machine_info"]["vase_bench"]["roofline"].update(copy_gbs=True),
+      "roofline.copy_gbs must be a positive number; got True")],
+    ids=["no-device", "record-not-a-dict", "versions-null", "device-a-number", "row-not-a-dict", "no-median",
+         "median-a-string", "median-a-boolean", "a-sample-a-string", "flops-a-string", "negative-flops",
+         "shape-a-number", "no-provider", "compare-to-a-string", "a-row-twice", "curve-point-fields",
+         "zero-bandwidth", "boolean-bandwidth"],
 )  # fmt: skip
 def test_a_hand_edited_record_is_a_one_line_error_naming_the_file(tmp_path, capsys, edit, problem):
     path = _edited(tmp_path, edit)
@@ -502,3 +522,75 @@ def test_per_step_percentages_are_under_the_row_they_are_of(tmp_path):
 )
 def test_bandwidths_under_100_gbs_keep_a_decimal(gbs, shown):
     assert report.format_gbs(gbs) == shown
+
+
+def _edit_run(path: Path, edit) -> Path:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_nan_iqr_or_sample_and_a_missing_peak_are_absent_not_nan(tmp_path):
+    def edit(data):
+        data["benchmarks"][0]["stats"]["iqr"] = float("nan")
+        data["benchmarks"][1]["stats"]["data"][2] = float("nan")
+        del data["machine_info"]["vase_bench"]["roofline"]["copy_gbs"]
+
+    rows = report.load_runs([_edit_run(write_synthetic(tmp_path / "r.json", synthetic_rows()), edit)])
+    text = report.render(rows, None, 0.05, [])
+    assert "nan" not in text.lower()
+    first, second = by_key(rows)[PREFILL + ("vase", "Qwen3-8B B1 T8192")], by_key(rows)[PREFILL + ("vase+scores", "Qwen3-8B B1 T8192")]
+    assert first.iqr_s is None and first.p20_s is not None
+    assert second.iqr_s is not None and second.p20_s is None and second.p80_s is None
+    decode = by_key(rows)[DECODE + ("vase", "Qwen3-8B B16 C4160")]
+    assert decode.roofline_percent is None and decode.gbs == pytest.approx(2.8e8 / 1e-4 / 1e9)
+    assert first.roofline_percent == pytest.approx(100 * 4e11 / 1e-3 / 1e12 / 800.0)  # the matmul peak is still there
+    target = next(row for row in _targets(text) if row[0].startswith("decode"))
+    assert target[2] == "no roofline (100.0 µs)" and target[3] == "not measured"
+
+
+def test_an_untimed_decode_row_is_absent_in_the_targets(tmp_path):
+    rows = report.load_runs([_edit_run(write_synthetic(tmp_path / "r.json", synthetic_rows()),
+                                       lambda data: data["benchmarks"][3].update(stats=None))])  # fmt: skip
+    target = next(row for row in _targets(report.render(rows, None, 0.05, [])) if row[0].startswith("decode"))
+    assert target[2:] == ["absent", "not measured"]
+
+
+def test_a_row_in_two_files_of_one_side_of_a_comparison_is_an_error(tmp_path, capsys):
+    """Which of the two to compare would be a guess (it hid a regression when the last one won)."""
+    old = write_synthetic(tmp_path / "old.json", synthetic_rows())
+    slower = write_synthetic(tmp_path / "slower.json", synthetic_rows(decode_slowdown=1.10))
+    same = write_synthetic(tmp_path / "same.json", synthetic_rows())
+    for argv, side in (([slower, same, "--compare", old], "results"), ([same, "--compare", old, slower], "--compare")):
+        with pytest.raises(SystemExit) as exit_info:
+            report.main([*map(str, argv), "--out", str(tmp_path / "r")])
+        assert exit_info.value.code == 2
+        error = capsys.readouterr().err
+        assert error.startswith(f"python -m benchmarks.report: error: argument --compare: {side}: the row NVIDIA H200 / ")
+        assert "compare one run of it at a time" in error and error.count("\n") == 1
+
+
+def test_a_median_exactly_at_the_threshold_is_not_a_regression(tmp_path):
+    def scaled(factor):
+        return report.load_runs([write_synthetic(tmp_path / f"{factor}.json", synthetic_rows(decode_slowdown=factor))])
+
+    verdicts = {factor: {c.key[1:4]: c.verdict for c in report.compare(scaled(factor), scaled(1.0), 0.05)}
+                for factor in (1.05, 1.0501, 0.95, 0.9499)}  # fmt: skip
+    assert [verdicts[f][DECODE + ("vase",)] for f in (1.05, 1.0501, 0.95, 0.9499)] == [
+        "unchanged", "REGRESSION", "unchanged", "faster"]
+
+
+def test_a_bar_in_a_name_does_not_split_its_cell_and_the_report_is_utf8_in_any_locale(tmp_path):
+    rows = [(Record(*PREFILL, "vase", "Qwen3 | B1 ⚡", flops=4e11, roofline=MATMUL), _spread(1e-3))]
+    path = write_synthetic(tmp_path / "r.json", rows)
+    ascii_locale = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0",
+                    "PYTHONPATH": str(Path(report.__file__).parents[1])}  # fmt: skip
+    result = subprocess.run([sys.executable, "-m", "benchmarks.report", str(path), "--out", str(tmp_path / "out")],
+                            env=ascii_locale, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = (tmp_path / "out" / "report.md").read_text(encoding="utf-8").splitlines()
+    row = next(index for index, line in enumerate(lines) if "B1 ⚡" in line)
+    header = next(index for index in range(row, 0, -1) if lines[index].startswith("|-")) - 1
+    assert "Qwen3 \\| B1 ⚡" in lines[row]
+    assert lines[row].replace("\\|", "").count("|") == lines[header].count("|")
