@@ -88,6 +88,7 @@ def _bad_decode_inputs(device):
         "key-kvheads": (dict(key=_tensors(heads=HKV * 2, device=device)), ValueError, "key"),
         "value-shape": (dict(value=_tensors(heads=1, device=device)), ValueError, "value"),
         "query-groups": (dict(query=_tensors(heads=3, device=device)), ValueError, "query"),
+        "query-no-heads": (dict(query=_tensors(heads=0, device=device)), ValueError, r"query: expected a positive"),
         "key-tokens": (dict(query=_tensors(heads=HQ, tokens=2, device=device),
                             key=_tensors(tokens=2, device=device), value=_tensors(tokens=2, device=device)),
                        ValueError, "key"),
@@ -97,7 +98,8 @@ def _bad_decode_inputs(device):
 
 DECODE_CASES = [
     "query-rank", "key-rank", "value-dtype", "query-dtype", "key-device", "query-batch", "key-batch",
-    "key-headdim", "query-headdim", "key-kvheads", "value-shape", "query-groups", "key-tokens", "query-tokens",
+    "key-headdim", "query-headdim", "key-kvheads", "value-shape", "query-groups", "query-no-heads", "key-tokens",
+    "query-tokens",
 ]
 
 
@@ -167,7 +169,9 @@ def test_prefill_rejects_bad_valid_lengths(device, valid_lengths, error):
     _assert_untouched(layer, snapshot)
 
 
-@pytest.mark.parametrize("case", ["query-rank", "value-dtype", "key-device", "key-batch", "key-headdim", "key-kvheads"])
+@pytest.mark.parametrize(
+    "case", ["query-rank", "value-dtype", "key-device", "key-batch", "key-headdim", "key-kvheads", "query-no-heads"]
+)
 def test_prefill_rejects_bad_input(device, case):
     layer = VaSECacheLayer(
         VaSEConfig(policy="snapkv", budget=16, window=8, n_sink=2),
@@ -178,6 +182,7 @@ def test_prefill_rejects_bad_input(device, case):
     with pytest.raises(error, match=name):
         layer.prefill(*_qkv(1, device, **overrides), scale=SCALE)
     _assert_untouched(layer, snapshot)
+    assert layer.num_query_heads is None  # the query state is sized by the first accepted prefill
 
 
 @pytest.mark.parametrize(

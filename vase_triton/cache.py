@@ -330,9 +330,9 @@ class VaSECacheLayer:
             raise ValueError(f"key: expected {self.num_kv_heads} KV heads like the cache; got {key.shape[1]}")
         if value.shape != key.shape:
             raise ValueError(f"value: expected shape {list(key.shape)} like key; got {list(value.shape)}")
-        if query.shape[1] % self.num_kv_heads != 0:
+        if query.shape[1] == 0 or query.shape[1] % self.num_kv_heads != 0:
             raise ValueError(
-                f"query: expected a number of heads divisible by the {self.num_kv_heads} KV heads; "
+                f"query: expected a positive number of heads divisible by the {self.num_kv_heads} KV heads; "
                 f"got Hq={query.shape[1]}"
             )
         if query.shape[2] != key.shape[2]:
