@@ -79,18 +79,35 @@ SETTING, METHODS = profiles.pick({
 })  # fmt: skip
 # What VaSE's rows are compared with: the profile's full caches.
 FULL_CACHES = tuple(method.name for method in METHODS if method.cache != "vase")
-if os.environ.get(TIME_LIMIT_VARIABLE):
-    SETTING = dataclasses.replace(SETTING, time_limit_s=float(os.environ[TIME_LIMIT_VARIABLE]))
+
+
+def _seconds(variable: str, what: str) -> float | None:
+    """The number in environment variable `variable` (None when unset); ValueError naming it otherwise."""
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (0 < value < float("inf")):
+        raise ValueError(f"{variable}: expected {what}; got {text!r}")
+    return value
+
+
+_TIME_LIMIT_S = _seconds(TIME_LIMIT_VARIABLE, "a positive number of seconds")
+if _TIME_LIMIT_S is not None:
+    SETTING = dataclasses.replace(SETTING, time_limit_s=_TIME_LIMIT_S)
 
 
 def decode_seconds(method) -> float | None:
     """The decoding time `method` may take: its share of the time left before the deadline, or the setting's limit."""
-    deadline = os.environ.get(DEADLINE_VARIABLE)
-    if not deadline:
+    deadline = _seconds(DEADLINE_VARIABLE, "a Unix time (seconds)")
+    if deadline is None:
         return SETTING.time_limit_s
     remaining = METHODS[METHODS.index(method) :]
     set_up = sum(SETUP_S[other.cache] for other in remaining)
-    return max(MIN_DECODE_S, (float(deadline) - time.time() - set_up) / len(remaining))
+    return max(MIN_DECODE_S, (deadline - time.time() - set_up) / len(remaining))
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,11 @@ _ROOFLINE = pytest.StashKey[dict]()
 
 
 def pytest_configure(config):
-    if profiles.active() in ("smoke", "cpu"):
+    try:
+        profile = profiles.active()
+    except ValueError as error:  # a usage error, not a crash: one line, no traceback
+        raise pytest.UsageError(str(error)) from None
+    if profile in ("smoke", "cpu"):
         # One thread: tiny tensors gain nothing from a second one, and CPU measurements on a
         # shared machine are steadier on one core.
         torch.set_num_threads(1)

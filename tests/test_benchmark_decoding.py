@@ -335,3 +335,28 @@ def test_a_checkpoint_must_have_the_layout_its_rows_are_named_after(tmp_path, mo
     with pytest.raises(ValueError, match=r"num_hidden_layers 3 \(tiny-qwen3 at 2 layers: 2\)"):
         decoding.build_model(TINY, 2, torch.device("cpu"), torch.float32)
     assert decoding.build_model(TINY, 3, torch.device("cpu"), torch.float32).config.num_hidden_layers == 3
+
+
+@pytest.mark.parametrize("where", ["missing", "no-config"])
+def test_a_checkpoint_that_is_not_a_local_model_directory_is_named(tmp_path, monkeypatch, where):
+    """Not a hub lookup's traceback: the variable, what it must be, and what it was."""
+    from benchmarks.shapes import TINY
+
+    path = tmp_path / ("absent" if where == "missing" else "")
+    monkeypatch.setenv(decoding.CHECKPOINT_VARIABLE, str(path))
+    with pytest.raises(ValueError, match=r"VASE_BENCH_CHECKPOINT: expected a local model directory holding "
+                                         r"config.json; got '.*'"):  # fmt: skip
+        decoding.build_model(TINY, 2, torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize("variable, text", [("VASE_BENCH_DECODE_SECONDS", "-3"), ("VASE_BENCH_DECODE_SECONDS", "abc"),
+                                            ("VASE_BENCH_DECODE_DEADLINE", "xyz"),
+                                            ("VASE_BENCH_DECODE_DEADLINE", "inf")])  # fmt: skip
+def test_decoding_time_variables_that_are_not_seconds_are_named(monkeypatch, variable, text):
+    from benchmarks import bench_end_to_end
+
+    monkeypatch.setenv(variable, text)
+    with pytest.raises(ValueError, match=rf"{variable}: expected .*; got '{text}'"):
+        bench_end_to_end._seconds(variable, "seconds")
+    monkeypatch.setenv(variable, "12.5")
+    assert bench_end_to_end._seconds(variable, "seconds") == 12.5

@@ -30,6 +30,15 @@ def test_unknown_profile_names_the_choices(monkeypatch):
         profiles.active()
 
 
+def test_an_unknown_profile_is_a_usage_error_of_the_benchmark_session(monkeypatch):
+    """pytest prints a usage error as one line; an error raised while configuring is an INTERNALERROR traceback."""
+    from benchmarks import conftest
+
+    monkeypatch.setenv(profiles.ENVIRONMENT_VARIABLE, "huge")
+    with pytest.raises(pytest.UsageError, match=r"VASE_BENCH_PROFILE: expected one of .*; got 'huge'"):
+        conftest.pytest_configure(None)
+
+
 def test_a_suite_without_sizes_for_the_profile_skips(monkeypatch):
     monkeypatch.setenv(profiles.ENVIRONMENT_VARIABLE, "deep")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
