@@ -188,12 +188,11 @@ def build_model(layout: ModelLayout, num_layers: int, device: torch.device, dtyp
 
     from vase_triton.integrations.loading import load_causal_lm
 
-    checkpoint = os.environ.get(CHECKPOINT_VARIABLE, "").strip()
+    checkpoint = os.path.expanduser(os.environ.get(CHECKPOINT_VARIABLE, "").strip())
     if checkpoint:
-        if not os.path.isfile(os.path.join(os.path.expanduser(checkpoint), "config.json")):
+        if not os.path.isfile(os.path.join(checkpoint, "config.json")):
             raise ValueError(f"{CHECKPOINT_VARIABLE}: expected a local model directory holding config.json; "
                              f"got {checkpoint!r}")  # fmt: skip
-        checkpoint = os.path.expanduser(checkpoint)
         _check_checkpoint_layout(checkpoint, AutoConfig.from_pretrained(checkpoint), layout, num_layers)
         model = load_causal_lm(checkpoint, dtype=dtype).to(device)
     else:

@@ -22,12 +22,18 @@ DECODE_SUITE = "decode"
 DECODE_KERNEL = "decode attention (one step)"
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def is_number(value) -> bool:
+    """A JSON number (NaN and infinities included), not a boolean."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _is_count(value) -> bool:
+def is_count(value) -> bool:
+    """An int, not a boolean."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite(value) -> bool:
+    return is_number(value) and math.isfinite(value)
 
 
 def _check(name: str, ok: bool, expected: str, value) -> None:
@@ -53,14 +59,14 @@ class CurvePoint:
     steps: Optional[int] = None
 
     def __post_init__(self) -> None:
-        _check("curve.generated", _is_count(self.generated) and self.generated >= 0, "a token count", self.generated)
+        _check("curve.generated", is_count(self.generated) and self.generated >= 0, "a token count", self.generated)
         for name in ("step_s", "tokens_per_s"):
             value = getattr(self, name)
-            _check(f"curve.{name}", _is_number(value) and value >= 0, "a finite number >= 0", value)
+            _check(f"curve.{name}", _is_finite(value) and value >= 0, "a finite number >= 0", value)
         for name in ("kv_bytes", "peak_bytes", "steps"):
             value = getattr(self, name)
             if name == "kv_bytes" or value is not None:
-                _check(f"curve.{name}", _is_count(value) and value >= 0, "a count >= 0", value)
+                _check(f"curve.{name}", is_count(value) and value >= 0, "a count >= 0", value)
 
     @property
     def centre(self) -> float:
@@ -101,12 +107,12 @@ class Record:
             _check(name, isinstance(value, str) and value != "", "a non-empty string", value)
         for name in ("flops", "bytes_moved"):
             value = getattr(self, name)
-            _check(name, value is None or (_is_number(value) and value > 0), "a positive number or None", value)
+            _check(name, value is None or (_is_finite(value) and value > 0), "a positive number or None", value)
         if self.roofline is not None and self.roofline not in ROOFLINES:
             raise ValueError(f"roofline: expected one of {ROOFLINES} or None; got {self.roofline!r}")
         _check("compare_to", all(isinstance(p, str) and p for p in self.compare_to), "provider names",
                self.compare_to)  # fmt: skip
-        _check("per_step", self.per_step is None or (_is_count(self.per_step) and self.per_step > 0),
+        _check("per_step", self.per_step is None or (is_count(self.per_step) and self.per_step > 0),
                "a positive count or None", self.per_step)  # fmt: skip
         relative = self.relative_to
         _check("relative_to", relative is None or (len(relative) == 4 and all(isinstance(p, str) for p in relative)),

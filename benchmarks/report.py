@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from benchmarks.records import COPY, MATMUL, CurvePoint, Record
+from benchmarks.records import COPY, MATMUL, CurvePoint, Record, is_count, is_number
 from benchmarks.shapes import BATCH_SIZES, QWEN3, CacheShape, PrefillShape
 
 ABSENT = "absent"
@@ -147,7 +147,7 @@ def _rows_of_run(data: dict, info: dict, *, run_id: str, source: str) -> list[Ro
         raise ValueError(f"roofline: expected an object or null; got {roofline!r}")
     for name in ("copy_gbs", "matmul_tflops"):
         value = (roofline or {}).get(name)
-        if value is not None and not (_is_number(value) and 0 < value < math.inf):
+        if value is not None and not (is_number(value) and 0 < value < math.inf):
             raise ValueError(f"roofline.{name} must be a positive number; got {value!r}")
     for name, kind in (("device", str), ("profile", str), ("versions", dict), ("timing", str)):
         if name in info and not isinstance(info[name], kind):
@@ -186,11 +186,6 @@ def _read_json(path: Path):
         raise ValueError(f"{path}: not JSON ({error})") from None
 
 
-def _is_number(value) -> bool:
-    """A JSON number (NaN and infinities included), not a boolean."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _row(run: Run, bench: dict) -> Row:
     """One benchmark's row. A NaN, infinite, zero or negative median is no timing (untimed); a NaN
     or negative IQR, or a non-finite sample, leaves the IQR or the percentiles absent."""
@@ -199,12 +194,12 @@ def _row(run: Run, bench: dict) -> Row:
     if not stats:
         return Row(run, record, None, None, None, None, 0)
     for name in ("median", "iqr"):
-        if not _is_number(stats[name]):
+        if not is_number(stats[name]):
             raise ValueError(f"stats.{name}: expected a number; got {stats[name]!r}")
     samples = stats.get("data") or []
-    if not isinstance(samples, list) or not all(_is_number(sample) for sample in samples):
+    if not isinstance(samples, list) or not all(is_number(sample) for sample in samples):
         raise ValueError(f"stats.data: expected a list of numbers; got {samples!r}"[:200])
-    if not isinstance(stats["rounds"], int) or isinstance(stats["rounds"], bool):
+    if not is_count(stats["rounds"]):
         raise ValueError(f"stats.rounds: expected a count; got {stats['rounds']!r}")
     if not 0 < stats["median"] < math.inf:
         return Row(run, record, None, None, None, None, 0)
