@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from benchmarks.records import COPY, MATMUL, CurvePoint, Record, is_count, is_number
+from benchmarks.records import MATMUL, CurvePoint, Record, is_count, is_number
 from benchmarks.shapes import BATCH_SIZES, QWEN3, CacheShape, PrefillShape
 
 ABSENT = "absent"

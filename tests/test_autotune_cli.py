@@ -13,9 +13,10 @@ import sys
 import pytest
 import torch
 
-from vase_triton.autotune import command, lookup, model_shapes, settings, store, timing
+from vase_triton.autotune import command, lookup, model_shapes, settings, store, timing, tuner
 from vase_triton.autotune.device import DeviceProfile
 from vase_triton.autotune.shapes import AppendShape, DecodeShape, EnergyShape, SimilarityShape
+from vase_triton.autotune.spaces import SPACES
 from vase_triton.cli import main
 
 FAKE_GPU = DeviceProfile("NVIDIA Fake GPU", 8, (9, 0), 227 * 1024)
@@ -99,7 +100,6 @@ def test_model_launches_cover_decode_eviction_and_prefill_keys():
 )  # fmt: skip
 def test_the_tuned_keys_are_the_keys_a_cache_looks_up(monkeypatch, policy, score_mode, prompt):
     """A cache's prompt (in chunks, compressed) and decode up to its first eviction look up only tuned keys."""
-    from vase_triton.autotune.spaces import SPACES
     from vase_triton.cache import VaSECacheLayer
     from vase_triton.config import VaSEConfig
     from vase_triton.kernels import cache_append, decode_attention, eviction, key_similarity, prefill_attention
@@ -311,14 +311,51 @@ def test_a_time_limit_stops_before_the_next_key_and_a_rerun_finishes(tiny_config
     assert "stopped" not in finished and sum(line.startswith("append ") for line in finished.splitlines()) == 2
 
 
-def test_clear_with_an_unusable_store_directory_is_a_one_line_error(tmp_path, monkeypatch, fake_gpu, capsys):
-    not_a_directory = tmp_path / "file"
-    not_a_directory.write_text("")
-    monkeypatch.setenv("VASE_AUTOTUNE_DIR", str(not_a_directory))
-    assert main(["autotune", "--clear"]) == 1
+def test_the_dry_run_lists_exactly_what_tuning_tries(tiny_config_path, store_dir, fake_gpu, monkeypatch, capsys):
+    """The heuristic's configuration is always tried, also where it lies outside the pruned space
+    (the interpreter's prefill heuristic has one pipeline stage, which the space does not declare)."""
+    argv = ["autotune", "--config", str(tiny_config_path), "--batch", "2", "--budget", "128", "--prompt-len", "4",
+            "--dtype", "float32", "--kernels", "append,prefill_forward"]  # fmt: skip
+    assert main(argv + ["--dry-run"]) == 0
+    listed, key = {}, None
+    for line in capsys.readouterr().out.splitlines():
+        if line.startswith(("append ", "prefill_forward ")):
+            key = line.split(":")[0]
+            listed[key] = []
+        elif line.startswith("  ") and key is not None:
+            listed[key].append(line.split()[0])
+    tried, tune, run_trial = {}, tuner.tune, tuner.run_trial
+
+    def tune_key(kernel, shape, *args, **kwargs):
+        tried[f"{kernel} {SPACES[kernel].key(shape)}"] = []
+        return tune(kernel, shape, *args, **kwargs)
+
+    def record(problem, params, timer):
+        tried[list(tried)[-1]].append(store.params_id(params))
+        return run_trial(problem, params, timer)
+
+    monkeypatch.setattr(tuner, "tune", tune_key)
+    monkeypatch.setattr(tuner, "run_trial", record)
+    assert main(argv) == 0
+    assert tried == listed and any("num_stages=1" in params[0] for params in listed.values())
+
+
+@pytest.mark.parametrize("action", [[], ["--show"], ["--clear"]])
+@pytest.mark.parametrize("setting", ["file", "home"])
+def test_an_unusable_store_directory_is_a_one_line_error(
+    tiny_config_path, tmp_path, monkeypatch, fake_gpu, capsys, action, setting
+):
+    if setting == "file":
+        (tmp_path / "file").write_text("")
+        monkeypatch.setenv("VASE_AUTOTUNE_DIR", str(tmp_path / "file"))
+    else:  # no home directory to expand `~` in, as under `docker --user N`
+        monkeypatch.setenv("VASE_AUTOTUNE_DIR", "~vase-no-such-user/autotune")
+    tune = ["--config", str(tiny_config_path), "--batch", "2", "--budget", "128", "--prompt-len", "4",
+            "--dtype", "float32", "--kernels", "append"]  # fmt: skip
+    assert main(["autotune", *(action or tune)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"vase-triton: error: autotune --clear: cannot remove {not_a_directory}/")
-    assert err.count("\n") == 1
+    assert err.startswith("vase-triton: error: autotune: VASE_AUTOTUNE_DIR: expected a directory")
+    assert err.count("\n") == 1 and not fake_gpu
 
 
 def test_output_piped_into_a_reader_that_stops_ends_quietly(config_path):

@@ -255,6 +255,28 @@ def test_an_unforeseen_failure_reading_stored_entries_leaves_launches_to_the_heu
     ] * 2
 
 
+@pytest.mark.parametrize("setting", ["home", "file"])
+def test_an_unusable_store_directory_leaves_launches_to_the_packaged_configs_with_one_warning(
+    store_dir, monkeypatch, device, setting
+):
+    """No home directory to expand `~` in (as under `docker --user N`), or a file given as the directory."""
+    shape = DecodeShape(2, 4, 2, 100, 64, "float32", False)
+    packaged = settings.PACKAGED_DIRECTORY
+    put(packaged, "decode", shape, STORED_DECODE, device)
+    if setting == "home":
+        monkeypatch.setenv("VASE_AUTOTUNE_DIR", "~vase-no-such-user/autotune")
+    else:
+        (store_dir / "a-file").write_text("")
+        monkeypatch.setenv("VASE_AUTOTUNE_DIR", str(store_dir / "a-file"))
+    lookup.reset()
+    partial = spy_on(monkeypatch, decode_attention, "_decode_partial_kernel")
+    _, messages = decode_with_warnings(device)
+    assert len(messages) == 1
+    assert messages[0].startswith("vase_triton autotune: VASE_AUTOTUNE_DIR: expected a directory")
+    stored = (STORED_DECODE["block_n"], STORED_DECODE["num_warps"])
+    assert options(partial.launches[0], "BLOCK_N", "num_warps") == stored
+
+
 def make_cache(device, batch=2, heads=2, slots=40, head_dim=64, filled=40) -> CacheTensors:
     gen = torch.Generator().manual_seed(2)
     cache = CacheTensors.empty(batch, heads, slots, head_dim, dtype=torch.float32, device=device)

@@ -297,3 +297,28 @@ def test_heuristic_parameters_are_valid_and_bad_ones_are_not(kernel: str, device
     name = next(iter(params))
     for bad in ({**params, name: 3}, {**params, name: True}, {**params, name: 0}, {**params, "extra": 1}, {}):
         assert not space.valid(bad), bad
+
+
+@pytest.mark.parametrize(
+    "kernel, too_small",
+    [("prefill_forward", "block_m"), ("prefill_forward", "block_n"), ("prefill_scores", "block_m"),
+     ("prefill_scores", "block_n"), ("decode", "block_n"), ("projected_energy", "block_n"),
+     ("projected_energy", "block_d")],
+)  # fmt: skip
+def test_tile_dimensions_of_a_dot_below_16_are_invalid(kernel: str, too_small: str, device):
+    """A hand-edited store must not hand a launch a `tl.dot` operand Triton cannot compile for a GPU."""
+    shapes = {"prefill_forward": PREFILL_SHAPES[0], "prefill_scores": SCORES_SHAPE, "decode": DECODE_SHAPE,
+              "projected_energy": ENERGY_SHAPE}  # fmt: skip
+    space = SPACES[kernel]
+    params = space.heuristic(shapes[kernel], device)
+    assert space.valid({**params, too_small: 16})
+    assert not space.valid({**params, too_small: 8})
+
+
+def test_key_similarity_chunks_must_hold_whole_tiles(device):
+    """Tiles crossing a chunk's end would add the next chunk's first keys twice: such a chunk is invalid."""
+    space = SPACES["key_similarity"]
+    for chunk in (64, 512):
+        assert space.valid(dict(block_n=64, chunk=chunk, num_warps=4))
+    for chunk in (16, 96):
+        assert not space.valid(dict(block_n=64, chunk=chunk, num_warps=4))

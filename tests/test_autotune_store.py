@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import multiprocessing
+import os
 import warnings
 
 import filelock
@@ -156,6 +157,8 @@ UNUSABLE = {
     "missing-field": lambda text: text.replace(KEY, "B=16,C=4096"),
     "repeated-field": lambda text: text.replace(KEY, KEY.replace("C=4096", "B=4096")),
     "unparseable-trial-key": lambda text: _with_trials_of(text, "garbage"),
+    "not-utf8": lambda text: text.replace('"schema"', '"sch\xe9ma"'),  # written as Latin-1
+    "nested-too-deep": lambda text: "[" * 100_000 + "]" * 100_000,
 }
 
 
@@ -168,7 +171,8 @@ def _with_trials_of(text: str, key: str) -> str:
 @pytest.mark.parametrize("damage", list(UNUSABLE), ids=list(UNUSABLE))
 def test_unusable_file_is_ignored_with_one_warning(tmp_path, damage):
     path = store.StoreFile(tmp_path, PROFILE).path
-    path.write_text(UNUSABLE[damage](_valid_text(tmp_path)))
+    path.write_text(UNUSABLE[damage](_valid_text(tmp_path)), encoding="latin-1")
+    damaged = path.read_bytes()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):
@@ -177,8 +181,11 @@ def test_unusable_file_is_ignored_with_one_warning(tmp_path, damage):
     assert len(caught) == 1, [str(w.message) for w in caught]
     assert issubclass(caught[0].category, store.AutotuneStoreWarning)
     assert str(path) in str(caught[0].message)
-    # A writer starts over from an empty document.
-    write_entries(tmp_path, {decode_key(1, 64): make_entry(64, 0.02)})
+    # A writer moves the file aside, unchanged, with a warning naming both, and starts over.
+    with pytest.warns(store.AutotuneStoreWarning, match="moved the unusable") as moved:
+        write_entries(tmp_path, {decode_key(1, 64): make_entry(64, 0.02)})
+    (aside,) = tmp_path.glob(path.name + ".unusable-*")
+    assert aside.read_bytes() == damaged and str(aside) in str(moved[-1].message)
     assert list(store.entries(store.StoreFile(tmp_path, PROFILE).read(), "decode", HASH)) == [decode_key(1, 64)]
 
 
@@ -208,6 +215,24 @@ def test_a_failed_update_leaves_the_file_and_no_temporary(tmp_path):
         store.StoreFile(tmp_path, PROFILE).update(fail)
     assert store.StoreFile(tmp_path, PROFILE).path.read_text() == text
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_write_keeps_the_files_permissions_and_removes_a_killed_writers_temporary(tmp_path):
+    path = store.StoreFile(tmp_path, PROFILE).path
+    _valid_text(tmp_path)
+    path.chmod(0o644)
+    orphan = path.with_name(path.name + ".deadbeef.tmp")
+    orphan.write_text("{half a docu")
+    write_entries(tmp_path, {decode_key(1, 64): make_entry(64, 0.02)})
+    assert path.stat().st_mode & 0o777 == 0o644
+    assert not orphan.exists() and not list(tmp_path.glob("*.tmp"))
+    path.unlink()
+    previous = os.umask(0o027)
+    try:
+        write_entries(tmp_path, {decode_key(1, 64): make_entry(64, 0.02)})
+    finally:
+        os.umask(previous)
+    assert path.stat().st_mode & 0o777 == 0o640  # a new file: what the umask leaves of rw-rw-rw-
 
 
 def test_clear_removes_the_file(tmp_path):

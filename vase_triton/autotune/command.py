@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import torch
 import triton
@@ -93,6 +94,14 @@ def _gpu_profile(action: str) -> DeviceProfile:
     return profile
 
 
+def _store_directory() -> Path:
+    """`VASE_AUTOTUNE_DIR` (or its default); one that cannot be used is a one-line error."""
+    try:
+        return settings.store_directory()
+    except ValueError as error:
+        raise CommandError(f"autotune: {error}") from None
+
+
 def _tuning_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
@@ -141,18 +150,20 @@ def run_autotune(args) -> int:
 def _dry_run(launches: list[tuple[str, tuple]], layout) -> int:
     from vase_triton.autotune.spaces import SPACES
 
-    profile = current_cuda_profile()
-    limits = profile.describe() if profile is not None else f"no GPU: {SM90_PROFILE.describe()}"
+    gpu = current_cuda_profile()
+    profile = gpu or SM90_PROFILE
+    limits = gpu.describe() if gpu is not None else f"no GPU: {SM90_PROFILE.describe()}"
     print(f"search spaces for {layout.source} (Hq={layout.q_heads}, Hkv={layout.kv_heads}, D={layout.head_dim}), "
-          f"pruned for {limits}")  # fmt: skip
+          f"pruned for {limits}; the heuristic's configuration first, always tried")  # fmt: skip
     total = 0
     for kernel, shape in launches:
         space = SPACES[kernel]
-        candidates = space.candidates(shape, profile or SM90_PROFILE)
+        default = space.gpu_heuristic(shape, profile)
+        candidates = space.tried(default, shape, profile)
         total += len(candidates)
         print(f"\n{kernel} {space.key(shape)}: {len(candidates)} candidates ({space.description})")
         for params in candidates:
-            print(f"  {store.params_id(params)}")
+            print(f"  {store.params_id(params)}{'  (heuristic)' if params is default else ''}")
     print(f"\n{len(launches)} keys, {total} candidates")
     return 0
 
@@ -178,7 +189,7 @@ def _tune_all(launches: list[tuple[str, tuple]], profile: DeviceProfile, args) -
     from vase_triton.autotune.tuner import tune
 
     device = _tuning_device()
-    store_file = store.StoreFile(settings.store_directory(), profile)
+    store_file = store.StoreFile(_store_directory(), profile)
     deadline = time.monotonic() + args.time_limit if args.time_limit else None
     print(f"tuning {len(launches)} keys on {profile.describe()}, Triton {triton.__version__}, torch {torch.__version__}")
     print(f"store: {store_file.path}")
@@ -224,7 +235,7 @@ def _show(profile: DeviceProfile) -> int:
 
     print(f"stored autotuning results for {profile.describe()}")
     rows = []
-    for origin, directory in (("user", settings.store_directory()), ("packaged", settings.PACKAGED_DIRECTORY)):
+    for origin, directory in (("user", _store_directory()), ("packaged", settings.PACKAGED_DIRECTORY)):
         file = store.StoreFile(directory, profile)
         document = file.read()
         print(f"{origin} file: {file.path}{'' if document is not None else ' (none)'}")
@@ -242,7 +253,7 @@ def _show(profile: DeviceProfile) -> int:
 
 
 def _clear(profile: DeviceProfile) -> int:
-    file = store.StoreFile(settings.store_directory(), profile)
+    file = store.StoreFile(_store_directory(), profile)
     try:
         existed = file.clear()
     except OSError as error:

@@ -12,7 +12,8 @@ launch and stored files once per process and device; `reset()` forgets all of it
 In `online` mode a key without an entry is tuned at its first launch on a CUDA device
 outside graph capture and compilation, and stored; a launch inside them takes the
 heuristic and leaves the answer unmemoised. No failure here ever breaks a launch: an
-unusable file, stale or invalid entry, or a failed online tuning falls back to the heuristic.
+unusable file or store directory, a stale or invalid entry, or a failed online tuning
+falls back to the heuristic.
 """
 
 from __future__ import annotations
@@ -49,12 +50,12 @@ class Found(NamedTuple):
 class StoreView:
     """The entries of one device: packaged configurations overlaid by the user's file."""
 
-    def __init__(self, profile: DeviceProfile, directory: Path):
+    def __init__(self, profile: DeviceProfile, directory: Optional[Path]):
         self.profile = profile
-        self.user_file = store.StoreFile(directory, profile)
+        self.user_file = store.StoreFile(directory, profile) if directory is not None else None
         self.documents = {
             "packaged": store.StoreFile(settings.PACKAGED_DIRECTORY, profile).read(),
-            "user": self.user_file.read(),
+            "user": self.user_file.read() if self.user_file is not None else None,
         }
         self._parsed: dict[tuple, dict[str, tuple[dict, store.Entry, str]]] = {}
 
@@ -97,8 +98,8 @@ class StoreView:
         self._entries(kernel, source_hash)[key] = (shapes.parse_key(key), entry, "user")
 
 
-def store_view(profile: DeviceProfile, directory: Path) -> StoreView:
-    """The (memoised) view of `profile`'s stored entries in `directory` and the packaged configurations."""
+def store_view(profile: DeviceProfile, directory: Optional[Path]) -> StoreView:
+    """The (memoised) view of `profile`'s stored entries in `directory` (None: none) and the packaged configurations."""
     cache_key = (profile, str(directory), str(settings.PACKAGED_DIRECTORY))
     if cache_key not in _views:
         _views[cache_key] = StoreView(profile, directory)
@@ -107,7 +108,7 @@ def store_view(profile: DeviceProfile, directory: Path) -> StoreView:
 
 class _Settings(NamedTuple):
     mode: str
-    directory: Path
+    directory: Optional[Path]  # None: no usable user store (warned), packaged configurations only
 
 
 _settings: Optional[_Settings] = None
@@ -115,7 +116,15 @@ _settings: Optional[_Settings] = None
 
 def _read_settings() -> _Settings:
     global _settings
-    _settings = _Settings(settings.autotune_mode(), settings.store_directory())
+    mode = settings.autotune_mode()
+    try:
+        directory = settings.store_directory()
+    except ValueError as error:
+        directory = None
+        if mode != "off":
+            message = f"vase_triton autotune: {error}; no user store is read or written"
+            store.warn_once(("directory", str(error)), message)
+    _settings = _Settings(mode, directory)
     return _settings
 
 
@@ -180,7 +189,7 @@ def _resolve(kernel: str, shape: tuple, device: torch.device, current: _Settings
             f"({type(error).__name__}: {error}); using the heuristic",
         )
         return None
-    if current.mode != "online" or device.type != "cuda":
+    if current.mode != "online" or device.type != "cuda" or view.user_file is None:
         return None
     if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
         return _DEFERRED  # tuned at the first launch of this shape outside them

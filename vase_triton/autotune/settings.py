@@ -32,10 +32,22 @@ def autotune_mode() -> str:
 
 
 def store_directory() -> Path:
-    """The user's store directory from `VASE_AUTOTUNE_DIR` (see the module docstring)."""
+    """The user's store directory from `VASE_AUTOTUNE_DIR` (see the module docstring).
+
+    Raises ValueError, naming the variable, when it cannot be resolved (a `~` without a home
+    directory) or names something that is not a directory.
+    """
     configured = os.environ.get("VASE_AUTOTUNE_DIR", "").strip()
-    if configured:
-        return Path(configured).expanduser()
     cache_home = os.environ.get("XDG_CACHE_HOME", "").strip()
-    base = Path(cache_home).expanduser() if cache_home else Path.home() / ".cache"
-    return base / "vase_triton" / "autotune"
+    try:
+        if configured:
+            directory = Path(configured).expanduser()
+        else:
+            base = Path(cache_home).expanduser() if cache_home else Path.home() / ".cache"
+            directory = base / "vase_triton" / "autotune"
+    except RuntimeError as error:  # no home directory to expand `~` to
+        given = f"got {configured!r}" if configured else "it is not set"
+        raise ValueError(f"VASE_AUTOTUNE_DIR: expected a directory path ({error}); {given}") from None
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"VASE_AUTOTUNE_DIR: expected a directory; got {str(directory)!r}, which is not one")
+    return directory

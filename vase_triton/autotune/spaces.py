@@ -99,6 +99,9 @@ class KernelSpace(abc.ABC):
     module: str
     config_type: type
     description: str
+    # Smallest value of a parameter the kernel computes correctly with: a tile dimension that
+    # is an operand dimension of `tl.dot` needs 16.
+    minimums: dict[str, int] = {}
 
     def key(self, shape: tuple) -> str:
         """The stored key of a launch shape."""
@@ -107,6 +110,11 @@ class KernelSpace(abc.ABC):
     @abc.abstractmethod
     def heuristic(self, shape: tuple, device: torch.device) -> dict:
         """The parameters the launcher picks without tuning."""
+
+    def gpu_heuristic(self, shape: tuple, profile: DeviceProfile) -> dict:
+        """The parameters the launcher picks without tuning on a CUDA device of `profile`
+        (which need not be present: `--dry-run` lists what a tuning there would try)."""
+        return self.heuristic(shape, torch.device("cuda"))
 
     @abc.abstractmethod
     def grid(self, shape: tuple, profile: DeviceProfile) -> Iterator[dict]:
@@ -133,6 +141,8 @@ class KernelSpace(abc.ABC):
                 return False
             if (name == "num_stages" and value > _MAX_STAGES) or (name == "num_splits" and value > _MAX_SPLITS):
                 return False
+            if value < self.minimums.get(name, 1):
+                return False
         return True
 
     def fits(self, params: dict, shape: tuple, profile: DeviceProfile) -> bool:
@@ -151,6 +161,11 @@ class KernelSpace(abc.ABC):
                 kept.append(params)
         return kept
 
+    def tried(self, default: dict, shape: tuple, profile: DeviceProfile) -> list[dict]:
+        """What a tuning tries, in order: the heuristic's `default` first (even outside the
+        pruned space, so that its time is known), then the pruned space without it."""
+        return [default, *(params for params in self.candidates(shape, profile) if params != default)]
+
 
 def _threads(params: dict) -> int:
     return 32 * params["num_warps"]
@@ -167,6 +182,7 @@ class PrefillForwardSpace(KernelSpace):
     key_fields = ("B", "Tq", "Tk", "H", "D", "dtype", "causal", "values")
     module = "vase_triton.kernels.prefill_attention"
     description = "prefill attention forward: [BLOCK_M, BLOCK_N] query x key tiles"
+    minimums = {"block_m": 16, "block_n": 16}
     BLOCK_M = (64, 128)
     BLOCK_N = (32, 64, 128)
     WARPS = (4, 8)
@@ -209,6 +225,7 @@ class PrefillScoresSpace(KernelSpace):
     key_fields = ("B", "W", "Tk", "H", "D", "dtype", "causal")
     module = "vase_triton.kernels.prefill_attention"
     description = "window scores: [BLOCK_M, BLOCK_N] (group x window queries) x key tiles"
+    minimums = {"block_m": 16, "block_n": 16}
     BLOCK_M = (32, 64, 128)
     BLOCK_N = (64, 128, 256)
     WARPS = (4, 8)
@@ -235,6 +252,7 @@ class DecodeSpace(KernelSpace):
     key_fields = ("B", "C", "H", "D", "dtype", "scores")
     module = "vase_triton.kernels.decode_attention"
     description = "split-K decode: [BLOCK_N] key blocks, warps, stages and splits per (sequence, KV head)"
+    minimums = {"block_n": 16}
     BLOCK_N = (32, 64, 128)
     WARPS = (2, 4, 8)
     STAGES = (2, 3, 4)
@@ -245,6 +263,9 @@ class DecodeSpace(KernelSpace):
 
     def heuristic(self, shape: DecodeShape, device: torch.device) -> dict:
         return decode_heuristic(shape, device)._asdict()
+
+    def gpu_heuristic(self, shape: DecodeShape, profile: DeviceProfile) -> dict:
+        return decode_heuristic(shape, torch.device("cuda"), profile.multiprocessors)._asdict()
 
     def grid(self, shape: DecodeShape, profile: DeviceProfile) -> Iterator[dict]:
         rows = shape.batch * shape.kv_heads
@@ -427,6 +448,7 @@ class ProjectedEnergySpace(KernelSpace):
     key_fields = ("B", "N", "H", "D", "R", "dtype")
     module = "vase_triton.kernels.projected_energy"
     description = "vase-dkv importance: BLOCK_N slots per program through the projection in BLOCK_D-wide slices"
+    minimums = {"block_n": 16, "block_d": 16}
     BLOCK_N = (16, 64, 128)  # tl.dot needs 16 rows at least
     BLOCK_D = (16, 32, 64)
     WARPS = (2, 4, 8)
@@ -468,6 +490,10 @@ class KeySimilaritySpace(KernelSpace):
     WARPS = (2, 4, 8)
 
     config_type = SimilarityConfig
+
+    def valid(self, params: object) -> bool:
+        """As every space, and a chunk of whole `block_n` tiles (tiles crossing chunks would count slots twice)."""
+        return super().valid(params) and params["chunk"] % params["block_n"] == 0
 
     def heuristic(self, shape: SimilarityShape, device: torch.device) -> dict:
         return similarity_heuristic(shape)._asdict()

@@ -18,10 +18,13 @@ A kernel section whose `source_hash` differs from the running kernel's is stale:
 when read, replaced when written. `trials` hold every candidate timed for a key whose
 tuning has not finished, so an interrupted run resumes; they are dropped once the entry
 is written. Writers hold `<file>.lock`, re-read the file, apply their change and replace
-it atomically (temporary file + `os.replace`), so concurrent tuners never lose or
-corrupt each other's results and readers never see a partial file. A file that is not
-valid JSON, is truncated, has another schema, belongs to another Triton version or
-device, or holds a malformed entry or key is ignored with one warning.
+it atomically (temporary file + `os.replace`, keeping the file's permissions), so
+concurrent tuners never lose or corrupt each other's results and readers never see a
+partial file; a temporary file a killed writer left is removed by the next writer. A
+file that cannot be read or decoded, is not valid JSON, is truncated, has another
+schema, belongs to another Triton version or device, or holds a malformed entry or key
+is ignored with one warning; the next writer moves it aside to
+`<file>.unusable-<UTC time>` (so nothing in it is lost) and starts a new file.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ import copy
 import dataclasses
 import json
 import os
-import tempfile
+import secrets
+import time
 import warnings
 from pathlib import Path
 from typing import Callable, Optional
@@ -216,16 +220,19 @@ class StoreFile:
     def read(self) -> Optional[dict]:
         """The file's document, or None when it is absent or unusable (warned once)."""
         try:
-            text = self.path.read_text(encoding="utf-8")
+            data = self.path.read_bytes()
         except FileNotFoundError:
             return None
         except OSError as error:
             self._ignore(f"cannot be read ({error.strerror or error})")
             return None
         try:
-            document = json.loads(text)
-        except ValueError as error:
-            self._ignore(f"not valid JSON, corrupt or truncated ({error})")
+            document = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            self._ignore(f"not UTF-8 text, corrupt ({error})")
+            return None
+        except (ValueError, RecursionError) as error:  # nesting too deep for the parser
+            self._ignore(f"not valid JSON, corrupt or truncated ({type(error).__name__}: {error})")
             return None
         problem = _check_document(document, self.profile)
         if problem is not None:
@@ -247,15 +254,32 @@ class StoreFile:
     def update(self, change: Callable[[dict], None]) -> dict:
         """Apply `change` to the current document under the file lock and write it atomically.
 
-        An absent or unusable file starts from an empty document. Returns the document written.
+        An absent file starts from an empty document; an unusable one is first moved aside
+        (warned) and the change starts from an empty document. Returns the document written.
         """
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(self.lock_path), timeout=LOCK_TIMEOUT_S):
-            document = self.read() or new_document(self.profile)
-            document = copy.deepcopy(document)
+            # Writers hold the lock while their temporary file exists: any found now is a killed writer's.
+            for orphan in self.path.parent.glob(f"{self.path.name}.*.tmp"):
+                with contextlib.suppress(FileNotFoundError):
+                    orphan.unlink()
+            document = self.read()
+            if document is None and self.path.exists():
+                self._set_aside()
+            document = copy.deepcopy(document) if document is not None else new_document(self.profile)
             change(document)
             _write_atomic(self.path, document)
         return document
+
+    def _set_aside(self) -> None:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside = self.path.with_name(f"{self.path.name}.unusable-{stamp}-{secrets.token_hex(2)}")
+        os.replace(self.path, aside)
+        warnings.warn(
+            f"vase_triton autotune: moved the unusable {self.path} to {aside} and started a new file",
+            AutotuneStoreWarning,
+            stacklevel=4,
+        )
 
     def clear(self) -> bool:
         """Remove the file; True when there was a file.
@@ -271,11 +295,16 @@ class StoreFile:
 
 
 def _write_atomic(path: Path, document: dict) -> None:
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    """Replace `path` by `document`'s JSON through a temporary file: the permissions of the file
+    it replaces, else those the umask gives a new file."""
+    temporary = path.with_name(f"{path.name}.{secrets.token_hex(4)}.tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             json.dump(document, handle, indent=1, sort_keys=True)
             handle.flush()
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(handle.fileno(), path.stat().st_mode & 0o7777)
             os.fsync(handle.fileno())
         os.replace(temporary, path)
     except BaseException:

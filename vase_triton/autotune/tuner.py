@@ -47,8 +47,7 @@ def candidate_list(kernel: str, shape: tuple, device: torch.device) -> tuple[dic
     """(heuristic parameters, candidates): the pruned search space with the heuristic first."""
     space = SPACES[kernel]
     default = space.heuristic(shape, device)
-    others = [params for params in space.candidates(shape, profile_for(device)) if params != default]
-    return default, [default, *others]
+    return default, space.tried(default, shape, profile_for(device))
 
 
 def _describe(error: BaseException) -> str:

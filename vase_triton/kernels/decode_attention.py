@@ -249,20 +249,28 @@ def _multiprocessor_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, device: torch.device) -> int:
-    """Splits per (sequence, KV head): about four programs per SM, at most one per key block."""
+def _num_splits(
+    batch: int, kv_heads: int, capacity: int, block_n: int, device: torch.device, multiprocessors: Optional[int] = None
+) -> int:
+    """Splits per (sequence, KV head): about four programs per SM, at most one per key block.
+
+    multiprocessors: the CUDA device's SM count (queried from `device` when None).
+    """
     key_blocks = triton.cdiv(capacity, block_n)
     if device.type != "cuda":
         return min(2, key_blocks)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    target = 4 * _multiprocessor_count(index)
+    if multiprocessors is None:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        multiprocessors = _multiprocessor_count(index)
+    target = 4 * multiprocessors
     return max(1, min(triton.cdiv(target, batch * kv_heads), key_blocks, _MAX_SPLITS))
 
 
-def decode_heuristic(shape: DecodeShape, device: torch.device) -> DecodeConfig:
-    """The split-K launch chosen without tuning: tiles by head dim and dtype, splits by SM count."""
+def decode_heuristic(shape: DecodeShape, device: torch.device, multiprocessors: Optional[int] = None) -> DecodeConfig:
+    """The split-K launch chosen without tuning: tiles by head dim and dtype, splits by SM count
+    (`multiprocessors`, else `device`'s)."""
     tiles = _decode_config(shape.head_dim, getattr(torch, shape.dtype))
-    splits = _num_splits(shape.batch, shape.kv_heads, shape.capacity, tiles.block_n, device)
+    splits = _num_splits(shape.batch, shape.kv_heads, shape.capacity, tiles.block_n, device, multiprocessors)
     return DecodeConfig(*tiles, splits)
 
 
