@@ -179,3 +179,24 @@ def test_append_rejects_bad_arguments(device):
     shared = cache.positions[:1].expand(2, -1, -1)  # both rows would write one memory
     with pytest.raises(ValueError, match="cache.positions: expected buffers whose elements do not share memory"):
         append_(cache._replace(positions=shared), new, new, value_stat="range")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's NumPy: inf - inf
+@pytest.mark.parametrize("stat", ["range", "absmax", "l2", "var"])
+def test_a_nan_or_inf_in_a_value_gives_the_magnitude_torch_gives(stat, device):
+    """A NaN anywhere in a value vector makes its magnitude NaN, as `torch.amax` / `amin` make it
+    (Triton's `tl.max` may drop a NaN); an inf gives the float64 magnitude (inf or NaN)."""
+    gen = torch.Generator().manual_seed(5)
+    values = torch.randn(1, 2, 4, 64, generator=gen, dtype=torch.float64)
+    values[0, 0, 1, 7] = float("nan")
+    values[0, 1, 2, 0] = float("inf")
+    values[0, 1, 3, 5] = float("-inf")
+    keys = torch.randn(1, 2, 4, 64, generator=gen, dtype=torch.float64)
+    cache = CacheTensors.empty(1, 2, 8, 64, dtype=torch.float32, device=device)
+    append_(cache, keys.float().to(device), values.float().to(device), value_stat=stat)
+    expected = reference.value_magnitude(values, stat).double()  # float64 arithmetic, rounded to float32
+    got = cache.magnitudes[..., :4].cpu().double()
+    assert torch.equal(got.isnan(), expected.isnan()) and bool(got.isnan()[0, 0, 1])
+    assert torch.equal(got.isinf(), expected.isinf())
+    finite = expected.isfinite()
+    torch.testing.assert_close(got[finite], expected[finite], rtol=1e-5, atol=0)

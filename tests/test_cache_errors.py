@@ -169,6 +169,22 @@ def test_prefill_rejects_bad_valid_lengths(device, valid_lengths, error):
     _assert_untouched(layer, snapshot)
 
 
+def test_extend_refuses_padding_in_a_row_that_holds_tokens(device):
+    """Its pad queries would attend to the row's tokens and add to their scores (h2o ranks by them)."""
+    layer = VaSECacheLayer(
+        VaSEConfig(policy="h2o", budget=16, window=8, n_sink=2),
+        batch_size=B, num_kv_heads=HKV, head_dim=D, dtype=DTYPE, device=device,
+    )
+    layer.prefill(*_qkv(5, device), scale=SCALE, valid_lengths=torch.tensor([0, 5], dtype=torch.int32, device=device))
+    snapshot = _snapshot(layer)
+    with pytest.raises(ValueError, match=r"valid_lengths: expected 4 \(no padding\) for every row that holds tokens"):
+        layer.extend(*_qkv(4, device), scale=SCALE, valid_lengths=torch.tensor([4, 1], dtype=torch.int32, device=device))
+    _assert_untouched(layer, snapshot)
+    # The row still empty may be padded.
+    layer.extend(*_qkv(4, device), scale=SCALE, valid_lengths=torch.tensor([2, 4], dtype=torch.int32, device=device))
+    assert layer.tensors.lengths.tolist() == [2, 9]
+
+
 @pytest.mark.parametrize(
     "case", ["query-rank", "value-dtype", "key-device", "key-batch", "key-headdim", "key-kvheads", "query-no-heads"]
 )

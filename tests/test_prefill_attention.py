@@ -227,3 +227,17 @@ def test_int64_kv_lens_and_no_lens_agree(device):
     without = prefill_attention_triton(q, k, v, None, scale, True, 4)
     for a, e in zip(with_lens, without):
         assert torch.equal(a, e)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp2:RuntimeWarning")  # the interpreter's NumPy
+def test_window_scores_stay_bounded_at_huge_logits(device):
+    """Logits near 1e9 round the recomputed probabilities above 1 (a score of 256, then inf, when it
+    was unclamped): each probability stays at most 1, so no key outscores every window query's mass."""
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 4, 40, 32, generator=gen).to(device) for _ in range(3))
+    k, v = k[:, :2], v[:, :2]
+    window, group = 8, 2
+    for scale in (1e7, 1e8):
+        _, _, scores = vase_triton.ops.prefill_attention(q, k, v, scale=scale, causal=True, score_window=window)
+        assert torch.isfinite(scores).all()
+        assert scores.max().item() <= window * group

@@ -406,6 +406,12 @@ class VaSECacheLayer:
                 raise ValueError(
                     f"valid_lengths: expected a tensor on {self.device} like the cache; got {valid_lengths.device}"
                 )
+            # A pad query of a row holding tokens would attend to them and add to their scores.
+            if self.length_bound > 0 and bool(((self.tensors.lengths > 0) & (valid_lengths < new_tokens)).any()):
+                raise ValueError(
+                    f"valid_lengths: expected {new_tokens} (no padding) for every row that holds tokens; got "
+                    f"{valid_lengths.tolist()} for rows holding {self.tensors.lengths.tolist()} tokens"
+                )
         self.check_room(new_tokens)
         self.scale = float(scale)
         outputs = []

@@ -97,6 +97,8 @@ def _cache_append_kernel(
             magnitude = hi - lo  # [BLOCK_H, BLOCK_T]
         elif STAT == 1:  # absmax
             magnitude = tl.max(tl.abs(vf), axis=2)
+        if STAT <= 1:  # tl.max / tl.min may drop a NaN; torch's amax / amin keep it
+            magnitude = tl.where(tl.sum((vf != vf).to(tl.int32), axis=2) > 0, float("nan"), magnitude)
         elif STAT == 2:  # l2 norm
             magnitude = tl.sqrt(tl.sum(vf * vf, axis=2))
         else:  # population variance

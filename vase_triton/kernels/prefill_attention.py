@@ -275,7 +275,8 @@ def _prefill_scores_kernel(
             if CAUSAL:
                 q_pos = seq_len - q_len + row_t
                 visible = visible & (cols[None, :] <= q_pos[:, None])
-            p = tl.where(visible, tl.exp2(s - lse2[:, None]), 0.0)
+            # A probability is at most 1, also where the recomputed logit rounds above the forward's max.
+            p = tl.where(visible, tl.minimum(tl.exp2(s - lse2[:, None]), 1.0), 0.0)
             total += tl.sum(p, axis=0)
 
     tl.store(scores_ptr + batch * stride_sb + kv_head * stride_sh + cols * stride_st, total, mask=cols < k_len)

@@ -173,7 +173,8 @@ def prefill_attention(
             Each probability is recomputed as `exp(logit - lse)` in fp32 (on the Triton path),
             so a logit of magnitude L carries a relative error of a few L * 2^-24: nothing
             measurable for a model's logits (tens to hundreds), about 1 % at L = 1e5, and
-            meaningless scores near L = 1e7 (a scale far beyond `1 / sqrt(D)`).
+            meaningless scores near L = 1e7 (a scale far beyond `1 / sqrt(D)`), though each
+            probability stays in [0, 1], so a score never exceeds `score_window * Hq / Hkv`.
     """
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         check_rank(name, tensor, 4, "[B, H, T, D]")
