@@ -408,12 +408,24 @@ def test_an_unsupported_attention_layout_is_refused_before_the_weights_load(tmp_
     one_line_error(capsys, ["generate", "--model", str(directory)], f"--model: {str(directory)!r}: {fragment}")
 
 
+def test_the_testbed_demo_takes_value_protection_options_for_the_evicting_run_only(capsys, monkeypatch):
+    """The full-cache run it compares with never evicts, so it must not inherit --n-protect / --protect-values."""
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    assert main(["generate", "--policy", "snapkv", "--protect-values", "--n-protect", "5", "--max-new-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "full cache" in out and "snapkv" in out
+
+
 def test_a_cache_too_large_for_memory_is_a_one_line_error(saved_model_dir, capsys, monkeypatch):
     monkeypatch.setenv("VASE_BACKEND", "torch")
     too_long = ["--max-new-tokens", str(10**15), "--device", "cpu"]  # beyond any address space
     one_line_error(
         capsys, ["generate", "--model", str(saved_model_dir), "--policy", "full", *too_long],
         "generate: out of memory on cpu for 1 prompt(s) of up to",
+    )
+    one_line_error(  # the built-in testbed: the full cache it compares with is sized by --max-new-tokens
+        capsys, ["generate", *too_long], "generate: out of memory on cpu for the testbed problem with the 'vase' "
+        "cache; lower --max-new-tokens or --budget",
     )
     one_line_error(
         capsys, ["eval", "--policies", "full", "--problems", "2", "--no-progress", "--out", str(saved_model_dir / "e"),

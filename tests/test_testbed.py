@@ -7,8 +7,8 @@ import random
 import pytest
 
 from vase_triton.testbed.task import (
-    DEFAULT_STEPS, END_THINK, FACT_NAMES, FACT_VALUES, PROMPT_TOKENS, USED_NAMES, heldout_problems, make_problem,
-    parse_facts, threshold,
+    DEFAULT_STEPS, END_THINK, FACT_NAMES, FACT_VALUES, PROMPT_TOKENS, USED_NAMES, heldout_problems, heldout_stream_seed,
+    make_problem, parse_facts, threshold,
 )
 
 
@@ -62,6 +62,34 @@ def test_heldout_stream_is_fixed_and_apart_from_training_streams():
     assert first == again
     training = {make_problem(random.Random(seed)).prompt for seed in range(50)}
     assert not training & {problem.prompt for problem in first}
+    # `random.Random` seeds with |seed|: the one data seed that draws the held-out stream is refused.
+    assert make_problem(random.Random(heldout_stream_seed())).prompt == first[0].prompt
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--seed", str(heldout_stream_seed())], "--seed: 2025 draws the held-out evaluation problems"),
+        (["--seed", "-1"], "--seed: expected an integer >= 0; got -1"),
+        (["--log-every", "0"], "--log-every: expected a positive integer; got 0"),
+        (["--batch-size", "0"], "--batch-size: expected a positive integer; got 0"),
+        (["--steps", "101"], "--steps: expected at most 100; got 101"),
+        (["--plain-steps", "-3"], "--plain-steps: expected an integer >= 0; got -3"),
+        (["--plain-steps", "0", "--noise-steps", "0"], "expected at least one optimiser step in all"),
+        (["--threads", "0"], "--threads: expected a positive integer; got 0"),
+        (["--heads", "3"], "--hidden-size: expected a multiple of --heads = 3; got 128"),
+        (["--kv-heads", "3"], "--kv-heads: expected a divisor of --heads = 4; got 3"),
+        (["--lr", "nan"], "--lr: expected a finite number"),
+    ],
+)
+def test_training_arguments_are_refused_in_one_line_before_training(argv, fragment, tmp_path, capsys, monkeypatch):
+    from vase_triton.testbed import train
+
+    monkeypatch.setattr(train, "train", lambda args: pytest.fail("training started"))
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--out", str(tmp_path / "model"), *argv])
+    assert exit_info.value.code == 2
+    assert fragment in capsys.readouterr().err.splitlines()[-1]
 
 
 def test_tokenizer_round_trip_without_unknown_words():

@@ -19,6 +19,8 @@ SCORE_MODES = ("emitted", "recompute")
 # Eviction temperatures below this are treated as exactly 0 (deterministic top-k) by every
 # implementation: far below it, `log(w) / temperature` overflows float32.
 MIN_TEMPERATURE = 1e-30
+# Widest `vase-dkv` projection: four times the widest head dim the kernels take (256).
+MAX_DKV_RANK = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,10 +34,10 @@ class VaSEConfig:
         window: recent window size; also the observation window and the eviction interval.
         n_sink: first tokens of the sequence that are never evicted.
         n_protect: tokens kept for their value magnitude, sinks included (the sinks count
-            as the largest). `None` means `budget // 4`, clipped to `budget - window`. Only
-            used when value protection is on.
+            as the largest), so 0 or at least `n_sink`. `None` means `budget // 4`, clipped
+            to `budget - window`. Only used when value protection is on.
         protect_values: keep the `n_protect` largest-magnitude value vectors; `None` means
-            the policy's default (on for `vase` only).
+            the policy's default (on for `vase` only). Only for policies that evict.
         value_stat: value magnitude statistic: `range` (max - min), `absmax`, `l2` or `var`.
         temperature: Gumbel sampling temperature of stochastic policies: candidates are
             sampled ∝ `importance ** (1 / temperature)`; below `MIN_TEMPERATURE` (0
@@ -47,7 +49,7 @@ class VaSEConfig:
             softmax over all slots; no stored queries, nothing recomputed).
         pool_kernel: width of the average pool that smooths attention importance (odd).
         rkv_lambda: R-KV weight `λ` in `λ·importance − (1−λ)·redundancy`.
-        dkv_rank: width of the Gaussian projection of `vase-dkv`.
+        dkv_rank: width of the Gaussian projection of `vase-dkv` (at most `MAX_DKV_RANK`).
         seed: seed of every eviction draw (Gumbel noise, `vase-dkv` projections), combined
             with the layer and the eviction counter.
         prefill_chunk_size: multi-token inputs (prompts, new chat turns) are processed in
@@ -100,8 +102,16 @@ class VaSEConfig:
             )
         if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
             raise ValueError(f"pool_kernel: expected an odd width >= 1; got {self.pool_kernel}")
-        if self.dkv_rank < 1:
-            raise ValueError(f"dkv_rank: expected >= 1; got {self.dkv_rank}")
+        if self.capacity >= 2**31:
+            raise ValueError(
+                f"budget: expected budget + window < 2**31 (slots and positions are int32); "
+                f"got budget={self.budget}, window={self.window}"
+            )
+        if not 1 <= self.dkv_rank <= MAX_DKV_RANK:
+            raise ValueError(
+                f"dkv_rank: expected 1 <= dkv_rank <= {MAX_DKV_RANK} (the projection is [head_dim, dkv_rank] per "
+                f"row and eviction); got {self.dkv_rank}"
+            )
         if isinstance(self.rkv_lambda, bool) or not isinstance(self.rkv_lambda, (int, float)):
             raise TypeError(f"rkv_lambda: expected a float; got {type(self.rkv_lambda).__name__} {self.rkv_lambda!r}")
         if not 0.0 <= self.rkv_lambda <= 1.0:
@@ -126,6 +136,17 @@ class VaSEConfig:
                     f"n_protect: value protection is off for policy {self.policy!r}, so n_protect would be "
                     f"ignored; pass protect_values=True to protect {self.n_protect} tokens, or drop n_protect"
                 )
+            if 0 < self.n_protect < self.n_sink:
+                raise ValueError(
+                    f"n_protect: the {self.n_sink} sinks count among the protected tokens, so n_protect = "
+                    f"{self.n_protect} would protect no token for its value; expected 0 or >= n_sink = "
+                    f"{self.n_sink}; got {self.n_protect}"
+                )
+        if self.protect_values and not self.evicts:
+            raise ValueError(
+                f"protect_values: policy {self.policy!r} never evicts, so value protection would be ignored; "
+                "drop protect_values"
+            )
 
     def _check_temperature(self, policy: Policy) -> None:
         temperature = self.temperature

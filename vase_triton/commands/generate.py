@@ -255,10 +255,9 @@ def _generate_with_model(args, config, records, batch_size: int, sink, device, d
         except RuntimeError as error:  # torch.OutOfMemoryError included
             if not is_out_of_memory(error):
                 raise
-            smaller = "--batch-size or --max-new-tokens" + (", or --budget" if POLICIES[config.policy].evicts else "")
-            raise CommandError(
-                f"generate: out of memory on {device} for {len(batch_records)} prompt(s) of up to "
-                f"{prompt_len} + {max_new_tokens} tokens with the {config.policy!r} cache; lower {smaller}"
+            raise _out_of_memory(
+                config, device, f"{len(batch_records)} prompt(s) of up to {prompt_len} + {max_new_tokens} tokens",
+                ["--batch-size", "--max-new-tokens"],
             ) from None
         seconds = time.perf_counter() - began
         total_seconds += seconds
@@ -315,7 +314,19 @@ def _generate_testbed(args, device: torch.device, dtype: torch.dtype) -> int:
                      max_new_tokens=args.max_new_tokens or MAX_NEW_TOKENS, device=device, dtype=dtype)
     except FileNotFoundError as error:
         raise CommandError(str(error)) from None
+    except RuntimeError as error:  # torch.OutOfMemoryError included
+        if not is_out_of_memory(error):
+            raise
+        raise _out_of_memory(config, device, "the testbed problem", ["--max-new-tokens"]) from None
     return 0
+
+
+def _out_of_memory(config: VaSEConfig, device: torch.device, work: str, options: list[str]) -> CommandError:
+    """The one-line error of a generation that ran out of memory, naming the options that shrink it."""
+    if POLICIES[config.policy].evicts:
+        options = [*options, "--budget", *(["--dkv-rank"] if config.policy == "vase-dkv" else [])]
+    smaller = options[0] if len(options) == 1 else f"{', '.join(options[:-1])} or {options[-1]}"
+    return CommandError(f"generate: out of memory on {device} for {work} with the {config.policy!r} cache; lower {smaller}")
 
 
 def _print_summary(summary: dict, results: list[dict], args, streamed: bool) -> None:

@@ -36,7 +36,8 @@ def side_by_side(config: VaSEConfig, *, problem_index: int, max_new_tokens: int,
         model="testbed", max_new_tokens=max_new_tokens, batch_size=1, window=config.window, seed=config.seed,
         sampling={"do_sample": False},
     )
-    runs = [("full cache", config.replace(policy="full")), (config.policy, config)]
+    full = config.replace(policy="full", n_protect=None, protect_values=None)  # eviction options do not apply
+    runs = [("full cache", full), (config.policy, config)]
     results = []
     for label, run_config in runs:
         new_ids, _, evictions, kv_bytes, _ = generate_batch(model, tokenizer, [prompt], run_config, settings, config.seed)

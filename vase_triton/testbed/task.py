@@ -34,6 +34,7 @@ FILLER_WORDS = (
 )
 PROMPT_TOKENS = 64
 DEFAULT_STEPS = 100
+HELDOUT_SEED = 2024  # the evaluation stream of the README's testbed tables
 MAX_STEPS = 100
 # Step t tests against (THRESHOLD_STRIDE * t + THRESHOLD_OFFSET) % FACT_VALUES: each value once in 100 steps.
 THRESHOLD_STRIDE = 37
@@ -132,7 +133,13 @@ def parse_facts(prompt: Sequence[str]) -> dict[str, int]:
     return facts
 
 
-def heldout_problems(count: int, *, seed: int = 2024, steps: int = DEFAULT_STEPS) -> list[Problem]:
-    """`count` problems of a fixed evaluation stream (never used in training: its seeds are negative)."""
-    rng = random.Random(-1 - seed)
+def heldout_stream_seed(seed: int = HELDOUT_SEED) -> int:
+    """The seed `random.Random` draws held-out stream `seed` from: `-1 - seed`, which Python
+    seeds as its absolute value (2025 for the default stream)."""
+    return abs(-1 - seed)
+
+
+def heldout_problems(count: int, *, seed: int = HELDOUT_SEED, steps: int = DEFAULT_STEPS) -> list[Problem]:
+    """`count` problems of a fixed evaluation stream (training refuses the data seed that draws it)."""
+    rng = random.Random(heldout_stream_seed(seed))
     return [make_problem(rng, steps) for _ in range(count)]

@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 
 from vase_triton.testbed.model import testbed_config
-from vase_triton.testbed.task import DEFAULT_STEPS, END_THINK, THINK, make_problem
+from vase_triton.commands.common import finite_float, non_negative_int, positive_int
+from vase_triton.testbed.task import DEFAULT_STEPS, END_THINK, MAX_STEPS, THINK, heldout_stream_seed, make_problem
 from vase_triton.testbed.tokenizer import build_tokenizer
 
 NOISE_SINKS = 4
@@ -170,26 +171,47 @@ def save(model, tokenizer, out: Path, record: dict) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m vase_triton.testbed.train", description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0, help="seed of the data, the initialisation and the noise")
+    parser.add_argument("--seed", type=non_negative_int, default=0,
+                        help="seed of the data, the initialisation and the noise")  # fmt: skip
     parser.add_argument("--out", required=True, help="output model directory")
-    parser.add_argument("--plain-steps", type=int, default=3000, help="optimiser steps without eviction noise")
-    parser.add_argument("--noise-steps", type=int, default=600, help="optimiser steps with eviction noise")
+    parser.add_argument("--plain-steps", type=non_negative_int, default=3000,
+                        help="optimiser steps without eviction noise")  # fmt: skip
+    parser.add_argument("--noise-steps", type=non_negative_int, default=600, help="optimiser steps with eviction noise")
     parser.add_argument("--plain-out", help="also save the model reached at the end of the plain phase here")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
-    parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="reasoning steps per problem")
-    parser.add_argument("--hidden-size", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 reproduces weights exactly)")
-    parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--batch-size", type=positive_int, default=16)
+    parser.add_argument("--lr", type=finite_float(low=1e-12), default=2e-3, help="peak learning rate")
+    parser.add_argument("--warmup", type=non_negative_int, default=100)
+    parser.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS,
+                        help=f"reasoning steps per problem (at most {MAX_STEPS})")  # fmt: skip
+    parser.add_argument("--hidden-size", type=positive_int, default=128)
+    parser.add_argument("--layers", type=positive_int, default=4)
+    parser.add_argument("--heads", type=positive_int, default=4)
+    parser.add_argument("--kv-heads", type=positive_int, default=2)
+    parser.add_argument("--threads", type=positive_int, default=1,
+                        help="torch CPU threads (1 reproduces weights exactly)")  # fmt: skip
+    parser.add_argument("--log-every", type=positive_int, default=50)
     return parser
 
 
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse (exit status 2, one line) what the arguments' types cannot: their combinations."""
+    if args.seed == heldout_stream_seed():
+        parser.error(f"--seed: {args.seed} draws the held-out evaluation problems; choose another seed")
+    if args.steps > MAX_STEPS:
+        parser.error(f"--steps: expected at most {MAX_STEPS}; got {args.steps}")
+    if args.plain_steps + args.noise_steps == 0:
+        parser.error("--plain-steps, --noise-steps: expected at least one optimiser step in all; got 0")
+    if args.hidden_size % args.heads:
+        parser.error(f"--hidden-size: expected a multiple of --heads = {args.heads}; got {args.hidden_size}")
+    if args.heads % args.kv_heads:
+        parser.error(f"--kv-heads: expected a divisor of --heads = {args.heads}; got {args.kv_heads}")
+
+
 def main(argv=None) -> int:
-    train(build_parser().parse_args(argv))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_arguments(parser, args)
+    train(args)
     return 0
 
 
