@@ -62,14 +62,12 @@ def test_random_needs_a_sampling_temperature(temperature):
         ({"window": 0}, "window"),
         ({"n_sink": -1}, "n_sink"),
         ({"seed": -1}, "seed"),
-        ({"n_protect": 3}, "n_protect: the 4 sinks count among the protected tokens, so n_protect = 3 would protect "
-                           "no token for its value; expected 0 or >= n_sink = 4; got 3"),
         ({"policy": "full", "protect_values": True}, "protect_values: policy 'full' never evicts"),
         ({"policy": "vase-dkv", "dkv_rank": 1025}, "dkv_rank: expected 1 <= dkv_rank <= 1024"),
         ({"budget": 2**31 - 64}, "budget: expected budget + window < 2**31"),
     ],
     ids=["policy", "budget", "n_protect", "n_sink_fit", "score_mode", "temperature_inf", "temperature", "value_stat",
-         "pool", "lambda", "window", "sink", "seed", "n_protect_below_sinks", "protect_full", "dkv_rank_wide",
+         "pool", "lambda", "window", "sink", "seed", "protect_full", "dkv_rank_wide",
          "budget_int32"],
 )
 def test_invalid_values_raise_value_error_naming_the_constraint(kwargs, fragment):

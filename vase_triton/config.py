@@ -34,8 +34,8 @@ class VaSEConfig:
         window: recent window size; also the observation window and the eviction interval.
         n_sink: first tokens of the sequence that are never evicted.
         n_protect: tokens kept for their value magnitude, sinks included (the sinks count
-            as the largest), so 0 or at least `n_sink`. `None` means `budget // 4`, clipped
-            to `budget - window`. Only used when value protection is on.
+            as the largest: up to `n_sink` protects none beyond them). `None` means
+            `budget // 4`, clipped to `budget - window`. Only used when value protection is on.
         protect_values: keep the `n_protect` largest-magnitude value vectors; `None` means
             the policy's default (on for `vase` only). Only for policies that evict.
         value_stat: value magnitude statistic: `range` (max - min), `absmax`, `l2` or `var`.
@@ -135,12 +135,6 @@ class VaSEConfig:
                 raise ValueError(
                     f"n_protect: value protection is off for policy {self.policy!r}, so n_protect would be "
                     f"ignored; pass protect_values=True to protect {self.n_protect} tokens, or drop n_protect"
-                )
-            if 0 < self.n_protect < self.n_sink:
-                raise ValueError(
-                    f"n_protect: the {self.n_sink} sinks count among the protected tokens, so n_protect = "
-                    f"{self.n_protect} would protect no token for its value; expected 0 or >= n_sink = "
-                    f"{self.n_sink}; got {self.n_protect}"
                 )
         if self.protect_values and not self.evicts:
             raise ValueError(
