@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pickle
 import re
 
 import pytest
 
-from vase_triton import POLICIES, VaSEConfig
+from vase_triton import POLICIES, VaSEConfig, policies
 
 
 def test_defaults_follow_the_paper():
@@ -100,3 +101,13 @@ def test_n_protect_without_value_protection_says_how_to_turn_it_on():
     with pytest.raises(ValueError, match="value protection is off for policy 'snapkv'.*pass protect_values=True"):
         VaSEConfig(policy="snapkv", n_protect=10)
     assert VaSEConfig(policy="snapkv", protect_values=True, n_protect=10).resolved_n_protect == 10
+
+
+def test_pickle_round_trips_and_validates_again(monkeypatch):
+    config = VaSEConfig(policy="vase", budget=512, window=32, n_protect=40, temperature=0.5, seed=7)
+    assert pickle.loads(pickle.dumps(config)) == config
+    monkeypatch.setitem(policies._REGISTRY, "custom-pickled", POLICIES["snapkv"])
+    pickled = pickle.dumps(VaSEConfig(policy="custom-pickled"))
+    monkeypatch.delitem(policies._REGISTRY, "custom-pickled")
+    with pytest.raises(ValueError, match="policy: expected one of"):
+        pickle.loads(pickled)

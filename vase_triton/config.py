@@ -195,6 +195,10 @@ class VaSEConfig:
             return self.n_protect
         return min(self.budget // 4, self.budget - self.window)
 
+    def __reduce__(self):
+        """Pickle through the constructor, so an unpickled config is validated again."""
+        return (type(self), tuple(getattr(self, field.name) for field in dataclasses.fields(self)))
+
     def replace(self, **overrides) -> "VaSEConfig":
         """A copy with some fields changed, validated again."""
         unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
