@@ -179,6 +179,16 @@ def test_append_rejects_bad_arguments(device):
     shared = cache.positions[:1].expand(2, -1, -1)  # both rows would write one memory
     with pytest.raises(ValueError, match="cache.positions: expected buffers whose elements do not share memory"):
         append_(cache._replace(positions=shared), new, new, value_stat="range")
+    before = [buffer.clone() for buffer in cache]
+    for field, other in (("values", cache.keys), ("magnitudes", cache.scores), ("next_positions", cache.lengths)):
+        with pytest.raises(ValueError, match=f"cache.{field}: expected its own buffer.*shared with cache"):
+            append_(cache._replace(**{field: other}), new, new, value_stat="range")
+    for kept, now in zip(before, cache):  # refused before any write
+        torch.testing.assert_close(now, kept, rtol=0, atol=0, equal_nan=True)
+    interleaved = torch.zeros(2, 2, 8, 2, 64, dtype=torch.float16, device=device)  # keys and values side by side
+    side_by_side = cache._replace(keys=interleaved[..., 0, :], values=interleaved[..., 1, :])
+    append_(side_by_side, new + 1, new + 2, value_stat="range")
+    assert bool((interleaved[:, :, 0, 0] == 1).all()) and bool((interleaved[:, :, 0, 1] == 2).all())
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's NumPy: inf - inf

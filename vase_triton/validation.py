@@ -122,6 +122,16 @@ def check_cache_tensors(cache: object, dtypes: Sequence[torch.dtype] = FLOAT_DTY
                 f"cache.{name}: expected buffers whose elements do not share memory; got a view with "
                 f"stride {tensor.stride()} for shape {list(tensor.shape)} (an expanded tensor)"
             )
+    if not torch.compiler.is_compiling():  # fake tensors under tracing have no storage
+        first_element = {}
+        for name, tensor in zip(CacheTensors._fields, cache):
+            if tensor.numel() > 0:
+                other = first_element.setdefault(tensor.data_ptr(), name)
+                if other != name:
+                    raise ValueError(
+                        f"cache.{name}: expected its own buffer (it is written in place); got memory "
+                        f"shared with cache.{other} (both start at the same element)"
+                    )
     for name in ("lengths", "next_positions"):  # kernels index these [B] counters without strides
         if not getattr(cache, name).is_contiguous():
             raise ValueError(
