@@ -70,11 +70,13 @@ def test_extract_answer(text, expected):
         ("We are done.\n\n**Final Answer**\n42", "42"),
         ("<think>\nmaybe \\boxed{41}\n</think>\nThe final answer is 42.", "42"),
         ("<think>\nso it is \\boxed{41}\n</think>\n", "41"),
+        ("The answer is **42**.", "42"),
+        ("<think>\nso \\boxed{5}. Put the final answer within \\boxed{}, let me check", "5"),
     ],
     ids=["cut-off-musing", "cut-off-find-the-answer", "cut-off-at-least", "cut-off-interim-statement",
          "cut-off-box", "question-about-the-answer", "answer-word-after-the-answer", "doubt-after-the-answer",
          "rest-of-the-sentence", "decimal-then-sentence", "final-answer-heading", "conclusion-over-reasoning-box",
-         "reasoning-box-when-the-conclusion-states-none"],
+         "reasoning-box-when-the-conclusion-states-none", "bold-statement", "empty-template-box-after-an-answer"],
 )  # fmt: skip
 def test_what_counts_as_a_stated_answer(text, expected):
     """A truncated reasoning's musings are not an answer; a statement is read to its sentence's end;
@@ -183,6 +185,11 @@ def test_canonical_forms():
 )
 def test_string_match_keeps_units_and_digit_groups_apart(answer, gold, same):
     assert same_string(answer, gold) is same
+
+
+@pytest.mark.parametrize("answer, gold", [("10 m", "10 cm"), ("7 minutes", "7 hours")])
+def test_differing_units_are_wrong_without_asking_math_verify(answer, gold, verifier):
+    assert grade(answer, gold, verifier=verifier) == grading.Grade(False, "string")
 
 
 def test_gsm8k_gold_and_choice_shuffle():

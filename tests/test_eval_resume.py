@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from vase_triton.cli import main
+from vase_triton.eval.runner import RunError, read_results
 from vase_triton.eval.tasks import load_task, task_label
 
 TESTBED = ["eval", "--policies", "full", "--max-new-tokens", "6", "--no-progress"]
@@ -140,6 +141,24 @@ def test_a_last_line_missing_only_its_newline_is_kept_and_the_resume_completes(t
     assert main(argv) == 0
     assert _records(out) == complete
     assert all(json.loads(line) for line in (out / "results.jsonl").read_text().splitlines())
+
+
+def test_a_line_cut_inside_a_character_is_redone_and_line_separators_in_records_survive(tmp_path):
+    path = tmp_path / "results.jsonl"
+    kept = [{"task": "t", "id": f"p{i}\u2028\u0085", "policy": "full", "budget": None, "sample": 0} for i in range(2)]
+    whole = json.dumps({**kept[0], "id": "x ≤ y"}, ensure_ascii=False).encode()
+    torn = whole[: whole.index("≤".encode()) + 1]  # an interrupted write that ends inside '≤'
+    path.write_bytes(b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in kept) + torn)
+    assert read_results(path) == kept
+    assert read_results(path) == kept and path.read_bytes().endswith(b"\n")
+
+
+@pytest.mark.parametrize("line", ["{}", "[1]", '{"task": "t"}'])
+def test_a_line_that_is_not_a_result_record_is_refused_naming_the_file(tmp_path, line):
+    path = tmp_path / "results.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(RunError, match="results.jsonl: expected one result record per line"):
+        read_results(path)
 
 
 @pytest.mark.parametrize("damage", ["missing", "no-tasks"])

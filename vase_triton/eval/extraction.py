@@ -63,7 +63,7 @@ def last_boxed(text: str) -> Optional[str]:
         rest = start + len(command)
         if rest < len(text) and text[rest] == "{":
             content = _braced(text, rest)
-            if content is not None:
+            if content is not None and content.strip():  # an empty box is a template, not an answer
                 return content.strip()
         elif rest < len(text) and text[rest] == " ":
             word = text[rest:].split(maxsplit=1)
@@ -75,7 +75,7 @@ def last_boxed(text: str) -> Optional[str]:
 def _statement(text: str) -> str:
     """What a final-answer statement says: up to the end of its sentence, markup stripped."""
     text = _SENTENCE_END.split(text.strip().strip("*").strip(), maxsplit=1)[0]
-    return text.rstrip(".").strip().strip("$").strip()
+    return text.rstrip(".").strip().strip("*$").strip()
 
 
 def _final_answer_line(text: str) -> Optional[str]:

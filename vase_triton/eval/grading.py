@@ -79,6 +79,9 @@ def grade(
         return Grade(choice_letter(answer, len(choices)) == gold.strip().upper(), "letter")
     if same_string(answer, gold):
         return Grade(True, "string")
+    (_, answer_unit), (_, gold_unit) = canonical(answer), canonical(gold)
+    if answer_unit and gold_unit and answer_unit != gold_unit:  # math-verify ignores units
+        return Grade(False, "string")
     verdict = verifier.verdict(gold, answer, timeout_s)
     if verdict is None:
         return Grade(False, "timeout")

@@ -39,6 +39,7 @@ from vase_triton.eval.verifier import Verifier
 RESULTS_FILE = "results.jsonl"
 SETTINGS_FILE = "run.json"
 FULL = "full"
+RECORD_KEYS = frozenset(("task", "id", "policy", "budget", "sample"))  # what identifies a result record
 
 
 class RunError(ValueError):
@@ -109,17 +110,23 @@ def read_results(path: Path) -> list[dict]:
     and a complete one that lacks its newline gets it, so that the next append starts a line of its own."""
     if not path.exists():
         return []
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()  # bytes: a write cut inside a multi-byte character must not fail the read
+    lines = [line for line in raw.split(b"\n") if line.strip()]  # "\n" only: records may hold U+2028
     records, valid_lines = [], []
-    for line in text.splitlines():
+    for line in lines:
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+            record = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
             continue
+        if not isinstance(record, dict) or not RECORD_KEYS <= record.keys():
+            raise RunError(
+                f"{path}: expected one result record per line (with {', '.join(sorted(RECORD_KEYS))}); "
+                f"got {line[:80].decode('utf-8', 'replace')!r}"
+            )
         records.append(record)
         valid_lines.append(line)
-    if len(valid_lines) != len(text.splitlines()) or (text and not text.endswith("\n")):
-        path.write_text("".join(line + "\n" for line in valid_lines), encoding="utf-8")
+    if len(valid_lines) != len(lines) or (raw and not raw.endswith(b"\n")):
+        path.write_bytes(b"".join(line + b"\n" for line in valid_lines))
     return records
 
 

@@ -99,9 +99,13 @@ def load_jsonl(path: Path) -> list[Problem]:
     """Problems of a local JSONL file (schema in the module docstring), recorded under `task_label(path)`."""
     problems, seen = [], set()
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8-sig").split("\n")  # "\n" only: strings may hold U+2028
     except OSError as error:
         raise TaskError(f"--tasks: cannot read {str(path)!r}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise TaskError(
+            f"--tasks: expected UTF-8 text in {str(path)!r}; got {error.reason} at byte {error.start}"
+        ) from None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
