@@ -89,6 +89,28 @@ def test_generate_without_input_ids_starts_from_bos(model):
     torch.testing.assert_close(got_logits, want_logits, rtol=1e-4, atol=1e-4)
 
 
+@torch.no_grad()
+def test_a_passed_generation_config_is_completed_from_the_models_as_transformers_does(model, tokenizer):
+    """Fields a passed GenerationConfig leaves unset come from `model.generation_config`, then from
+    transformers' defaults: the cache is sized and shaped for what generate runs."""
+    inputs = tokenizer(PROMPTS[1:2])
+    unset_length = GenerationConfig(do_sample=False, pad_token_id=0)
+    want_default = model.generate(**inputs, generation_config=unset_length)
+    model.generation_config.num_return_sequences, model.generation_config.do_sample = 2, True
+    more_rows = GenerationConfig(max_new_tokens=5, pad_token_id=0)
+    torch.manual_seed(0)
+    want_rows = model.generate(**inputs, generation_config=more_rows)
+    prompt_len = inputs["input_ids"].shape[1]
+    assert want_default.shape[1] > prompt_len + 1 and want_rows.shape == (2, prompt_len + 5)
+    model.generation_config.num_return_sequences, model.generation_config.do_sample = 1, False
+    vase_triton.patch_qwen3(model, policy="full")
+    assert torch.equal(model.generate(**inputs, generation_config=unset_length), want_default)
+    model.generation_config.num_return_sequences, model.generation_config.do_sample = 2, True
+    vase_triton.patch_qwen3(model, policy="vase", budget=64, window=16)
+    torch.manual_seed(0)
+    assert torch.equal(model.generate(**inputs, generation_config=more_rows), want_rows)
+
+
 @pytest.mark.parametrize("where", ["argument", "generation_config"])
 def test_cache_implementation_is_overridden_with_a_warning(model, tokenizer, where):
     inputs = tokenizer(PROMPTS[:2])
@@ -454,6 +476,62 @@ def test_an_input_too_long_for_a_full_cache_is_refused_before_any_chunk_is_store
         model(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache)
     assert cache.seen_tokens == 0 and not cache.in_step
     assert all(int(store.lengths.max()) == 0 for store in cache.stores)
+
+
+@torch.no_grad()
+def test_a_chunked_input_returns_a_tuple_when_asked_and_refuses_labels_before_storing(model):
+    ids = torch.arange(3, 37).view(1, 34)
+    want = model(input_ids=ids).logits
+    config = VaSEConfig(policy="full", budget=64, window=8, prefill_chunk_size=8)
+    vase_triton.patch_qwen3(model, config)
+    cache = VaSECache.for_model(model, config, batch_size=1, max_length=ids.shape[1])
+    with pytest.raises(ValueError, match="labels: a forward pass of 34 tokens .* chunks of prefill_chunk_size = 8"):
+        model(input_ids=ids, labels=ids, cache=cache)
+    assert _cache_state(cache) == (0, [(0, [0], 0)] * len(cache.stores))
+    got = model(input_ids=ids, cache=cache, return_dict=False)
+    assert isinstance(got, tuple)
+    torch.testing.assert_close(got[0], want, rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+def test_masks_the_cache_cannot_read_are_refused_before_it_changes(model, tokenizer):
+    """A 4D mask (the cache builds its own causal mask) or a decode-step mask of the wrong shape."""
+    inputs = tokenizer(PROMPTS[:2])
+    vase_triton.patch_qwen3(model, FULL)
+    cache = VaSECache.for_model(model, FULL, batch_size=2, max_length=64)
+    square = inputs["attention_mask"][:, None, None, :].expand(-1, 1, inputs["input_ids"].shape[1], -1)
+    for config in (FULL, FULL.replace(prefill_chunk_size=16)):  # one piece, or chunks
+        vase_triton.patch_qwen3(model, config)
+        with pytest.raises(ValueError, match=r"attention_mask: expected a 2D padding mask .*; got \[2, 1, "):
+            model(input_ids=inputs["input_ids"], attention_mask=square, cache=cache)
+        assert _cache_state(cache) == (0, [(0, [0, 0], 0)] * len(cache.stores))
+    model(**inputs, cache=cache)
+    state = _cache_state(cache)
+    with pytest.raises(ValueError, match=r"attention_mask: expected shape \[B, T\] = \[2, 1\] .*; got \[7, 3\]"):
+        model(input_ids=inputs["input_ids"][:, -1:], attention_mask=torch.ones(7, 3, dtype=torch.long), cache=cache)
+    assert _cache_state(cache) == state
+
+
+@torch.no_grad()
+def test_a_step_that_fails_after_layers_stored_is_refused_until_reset(model, tokenizer):
+    """A forward pass that raises after every layer stored (here in the LM head) leaves the layers
+    ahead of the token count: the next use is refused, and after reset() the cache runs as new."""
+    inputs = tokenizer(PROMPTS[:1])
+    want = model(**inputs).logits
+    vase_triton.patch_qwen3(model, FULL)
+    cache = VaSECache.for_model(model, FULL, batch_size=1, max_length=64)
+
+    def fail(*_):
+        raise KeyboardInterrupt
+
+    hook = model.lm_head.register_forward_hook(fail)
+    with pytest.raises(KeyboardInterrupt):
+        model(**inputs, cache=cache)
+    hook.remove()
+    with pytest.raises(RuntimeError, match="failed after 2 of 2 layers stored its tokens.*call cache.reset"):
+        model(**inputs, cache=cache)
+    cache.reset()
+    torch.testing.assert_close(model(**inputs, cache=cache).logits, want, rtol=1e-4, atol=1e-4)
 
 
 @torch.no_grad()

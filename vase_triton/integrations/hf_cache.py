@@ -254,9 +254,11 @@ class VaSECache(Cache):
         self._mask_placeholders: dict[torch.device, torch.Tensor] = {}
         self.eviction_graph: Optional[EvictionGraph] = None  # made at the first graph-replayed eviction
         self._checked_model: Optional[weakref.ref] = None  # a weak reference: a cache does not keep its model alive
-        # Layers that stored the open decode step's token, counted when the step runs eagerly:
-        # a step refused before the first one stored is taken back whole (`abort_step`).
+        # Layers that stored the open step's tokens, counted when the step runs eagerly: a
+        # decode step refused before the first one stored is taken back whole (`abort_step`).
         self._layers_stored = 0
+        # Why the layers disagree on what they hold (a step failed after some of them stored), or None.
+        self._broken: Optional[str] = None
 
     @classmethod
     def for_model(
@@ -347,6 +349,8 @@ class VaSECache(Cache):
             raise ValueError(
                 f"input_ids: expected at least one new token per row; got {num_new_tokens!r}{conversation}"
             )
+        self.check_usable()
+        self.check_mask_layout(num_new_tokens, attention_mask)
         self.step_valid_lengths = None
         self._layers_stored = 0
         self.is_decode_step = num_new_tokens == 1 and self.seen_tokens > 0
@@ -385,6 +389,10 @@ class VaSECache(Cache):
         if self.in_step and self.is_decode_step and ran_eagerly and self._layers_stored == 0:
             for store in self.stores:
                 store.cancel_decode_step()
+        elif self.in_step and ran_eagerly and self._layers_stored > 0:
+            self._broken = (
+                f"a forward pass failed after {self._layers_stored} of {len(self.stores)} layers stored its tokens"
+            )
         self._close_step()
 
     def _close_step(self) -> None:
@@ -405,15 +413,32 @@ class VaSECache(Cache):
             self._mask_placeholders[device] = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
         return self._mask_placeholders[device]
 
-    def _valid_lengths(self, num_tokens: int, attention_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        if attention_mask is None or attention_mask.dim() != 2:
-            return None
-        width, batch = attention_mask.shape[1], self.stores[0].batch_size
-        if attention_mask.shape[0] != batch or width not in (num_tokens, self.seen_tokens + num_tokens):
+    def check_usable(self) -> None:
+        """Refuse a cache whose layers disagree on what they hold (a step failed after some of them stored)."""
+        if self._broken is not None:
+            raise RuntimeError(f"cache: {self._broken}, so its layers disagree; call cache.reset() or make a new cache")
+
+    def check_mask_layout(self, num_tokens: int, attention_mask: object) -> None:
+        """A mask must be 2D `[B, T]` or `[B, seen + T]`: the cache reads padding from it and masks itself."""
+        if attention_mask is None:
+            return
+        batch, seen = self.stores[0].batch_size, self.seen_tokens
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+            given = list(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask)
+            raise ValueError(
+                f"attention_mask: expected a 2D padding mask [B, T] = [{batch}, {num_tokens}] or [B, seen + T] = "
+                f"[{batch}, {seen + num_tokens}] with a VaSECache (it builds the causal mask itself); got {given}"
+            )
+        if attention_mask.shape[0] != batch or attention_mask.shape[1] not in (num_tokens, seen + num_tokens):
             raise ValueError(
                 f"attention_mask: expected shape [B, T] = [{batch}, {num_tokens}] or [B, seen + T] = "
-                f"[{batch}, {self.seen_tokens + num_tokens}]; got {list(attention_mask.shape)}"
+                f"[{batch}, {seen + num_tokens}]; got {list(attention_mask.shape)}"
             )
+
+    def _valid_lengths(self, num_tokens: int, attention_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        if attention_mask is None:
+            return None
+        width = attention_mask.shape[1]
         mask = attention_mask.to(torch.bool)
         if host_checks_allowed(mask) and self.seen_tokens > 0 and width == num_tokens and not bool(mask.all()):
             raise ValueError(
@@ -449,11 +474,15 @@ class VaSECache(Cache):
         valid = self.step_valid_lengths
         if valid is not None and valid.device != store.device:
             valid = valid.to(store.device)
-        return store.extend(query, key, value, scale=scale, valid_lengths=valid)
+        output = store.extend(query, key, value, scale=scale, valid_lengths=valid)
+        if not torch.compiler.is_compiling():
+            self._layers_stored += 1
+        return output
 
     def reset(self) -> None:
         """Empty every layer without reallocating, ready for a new generation."""
         super().reset()
         self.seen_tokens = 0
         self.decode_steps = 0
+        self._broken = None
         self._close_step()

@@ -24,6 +24,7 @@ from types import MethodType
 from typing import Any, Callable, Optional
 
 import torch
+from transformers import GenerationConfig
 
 from vase_triton.autotune import lookup
 from vase_triton.config import VaSEConfig
@@ -207,6 +208,7 @@ def _patched_forward(self, *args, **kwargs):
     cache = _find_cache(kwargs)
     if not isinstance(cache, VaSECache):
         return state.previous_forward(*args, **kwargs)
+    cache.check_usable()
     _refuse_gradients(self)
     if self.config._attn_implementation != state.attn_implementation:
         raise RuntimeError(
@@ -231,16 +233,28 @@ def _patched_forward(self, *args, **kwargs):
     chunk = state.config.prefill_chunk_size
     if new_tokens <= chunk or isinstance(kwargs.get("logits_to_keep"), torch.Tensor):
         return _run_step(self, state, cache, kwargs, new_tokens)
+    if kwargs.get("labels") is not None:
+        raise ValueError(
+            f"labels: a forward pass of {new_tokens} tokens on a VaSECache runs in chunks of prefill_chunk_size = "
+            f"{chunk} tokens, and a loss over chunks is not computed; compute it from the returned logits, or "
+            f"raise prefill_chunk_size to at least {new_tokens}"
+        )
+    cache.check_mask_layout(new_tokens, kwargs.get("attention_mask"))  # before the first chunk stores
+    return_dict = kwargs.get("return_dict")
+    if return_dict is None:
+        return_dict = getattr(self.config, "return_dict", True)
     outputs = []
     keep = kwargs.get("logits_to_keep", 0) or 0
     seen = cache.seen_tokens
     for start, stop in cache.stores[0].chunk_bounds(new_tokens):
         part = _chunk_kwargs(kwargs, new_tokens, seen, start, stop)
+        part["return_dict"] = True
         needed = stop - start if keep == 0 else min(stop - start, max(0, keep - (new_tokens - stop)))
         if "logits_to_keep" in inspect.signature(type(self).forward).parameters:
             part["logits_to_keep"] = 0 if needed == stop - start else max(needed, 1)
         outputs.append((needed, _run_step(self, state, cache, part, stop - start)))
-    return _join_chunk_outputs(outputs)
+    joined = _join_chunk_outputs(outputs)
+    return joined if return_dict else joined.to_tuple()
 
 
 def _run_step(model, state: _PatchState, cache: VaSECache, kwargs: dict, new_tokens: int):
@@ -329,9 +343,17 @@ def _join_chunk_outputs(outputs: list):
     return last
 
 
-def _generation_setting(self, kwargs: dict, name: str):
-    generation_config = kwargs.get("generation_config") or self.generation_config
-    return kwargs.get(name, getattr(generation_config, name, None))
+def _generation_setting(self, kwargs: dict, name: str, *, default: bool = True):
+    """The value `generate` uses for `name`, in transformers' order: the keyword, then the fields a passed
+    `generation_config` sets (not None), then the model's `generation_config`, then (with `default`)
+    transformers' defaults."""
+    if name in kwargs:
+        return kwargs[name]
+    for generation_config in (kwargs.get("generation_config"), self.generation_config):
+        value = getattr(generation_config, name, None)
+        if value is not None:
+            return value
+    return getattr(GenerationConfig, "_get_default_generation_params", dict)().get(name) if default else None
 
 
 _REFUSED_GENERATION = {
@@ -391,8 +413,11 @@ def _cache_for_call(model, state: _PatchState, args: tuple, kwargs: dict) -> VaS
         batch, prompt_len = (mask.shape[0], mask.shape[1] + 1) if mask is not None else (1, 1)
     num_return_sequences = _generation_setting(model, kwargs, "num_return_sequences") or 1
     max_new_tokens = _generation_setting(model, kwargs, "max_new_tokens")
-    if max_new_tokens is None:
-        max_new_tokens = max(1, (_generation_setting(model, kwargs, "max_length") or 0) - prompt_len)
+    max_length = _generation_setting(model, kwargs, "max_length", default=False)
+    if max_new_tokens is None and max_length is None:  # transformers then adds its default length to the prompt
+        max_new_tokens = _generation_setting(model, kwargs, "max_length") or 1
+    elif max_new_tokens is None:
+        max_new_tokens = max(1, max_length - prompt_len)
     batch_size, max_length = batch * num_return_sequences, prompt_len + int(max_new_tokens)
     state.last_cache = VaSECache.reuse_or_make(
         state.last_cache, model, state.config, batch_size=batch_size, max_length=max_length
