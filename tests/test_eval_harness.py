@@ -83,6 +83,16 @@ def _reference(problem_id: str) -> str:
     return testbed_problems(index + 1)[index].reference
 
 
+def test_a_run_without_budgets_removes_the_plots_of_an_earlier_run_into_its_directory(tmp_path, cpu_reference):
+    out = tmp_path / "run"
+    argv = ["eval", "--problems", "1", "--samples", "1", "--no-progress", "--max-new-tokens", "4", "--out", str(out)]
+    assert main(argv + ["--policies", "full,vase"]) == 0
+    assert (out / "accuracy.png").exists() and (out / "length.png").exists()
+    assert main(argv + ["--policies", "full"]) == 0
+    assert not (out / "accuracy.png").exists() and not (out / "length.png").exists()
+    assert "| full (no eviction) |" in (out / "summary.md").read_text() and "vase" not in (out / "summary.md").read_text()
+
+
 def test_resume_refuses_an_output_directory_of_other_settings(tmp_path, cpu_reference, capsys):
     out = tmp_path / "run"
     argv = ["eval", "--problems", "2", "--policies", "full", "--samples", "1", "--no-progress", "--out", str(out)]

@@ -225,4 +225,7 @@ def write_summary(records: list[dict], out_dir: Path, header: str = "") -> tuple
         write_plot(cells, out_dir / ACCURACY_PLOT, "accuracy", "accuracy (%)")
         write_plot(cells, out_dir / LENGTH_PLOT, "output_tokens", "mean output tokens")
         written += [ACCURACY_PLOT, LENGTH_PLOT]
+    else:  # plots of an earlier run into this directory would describe other policies
+        for name in (ACCURACY_PLOT, LENGTH_PLOT):
+            (out_dir / name).unlink(missing_ok=True)
     return cells, written
