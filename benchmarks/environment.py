@@ -10,6 +10,9 @@ from typing import Any, Optional
 
 import torch
 
+from vase_triton.autotune import lookup
+from vase_triton.backend import requested_backend
+
 COMMIT_VARIABLE = "VASE_BENCH_COMMIT"
 PACKAGES = ("torch", "triton", "transformers", "pytest-benchmark", "flash-attn")
 
@@ -61,6 +64,8 @@ def describe(profile: str, roofline: Optional[dict[str, Any]]) -> dict[str, Any]
             "generated token"
         ),
         "roofline": roofline,
+        "backend": requested_backend(),  # VASE_BACKEND: `torch` makes the vase rows of the model suites the reference
+        "autotune": lookup.mode(),
         "threads": torch.get_num_threads(),
         "sdpa_backends": sdpa_backends(),
     }

@@ -28,7 +28,10 @@
 # pytest-benchmark (matplotlib for the plots); the repository is used in place (no install).
 # `VASE_BENCH_PROFILE=smoke` runs the same steps on a CPU machine: a dry run of this script.
 set -uo pipefail
+out_arg="${1:-${OUT:-}}"
+if [[ -n "$out_arg" && "$out_arg" != /* ]]; then out_arg="$PWD/$out_arg"; fi  # relative to where it was called
 cd "$(dirname "$0")/.."
+unset VASE_BACKEND  # the vase rows run the Triton kernels, whatever the calling shell asked for
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 VASE_BENCH_PROFILE=${VASE_BENCH_PROFILE:-gpu}
 python=${PYTHON:-python3}
 start=$(date +%s)
@@ -36,7 +39,7 @@ deadline=$((start + 420))
 grace=10
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '-' | sed 's/-$//')
-out="${1:-${OUT:-benchmarks/results/${gpu:-gpu}-$(date -u +%Y-%m-%d)}}"
+out="${out_arg:-benchmarks/results/${gpu:-gpu}-$(date -u +%Y-%m-%d)}"
 mkdir -p "$out"
 status=0
 

@@ -20,7 +20,7 @@ import functools
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
@@ -48,6 +48,7 @@ class Run:
     date: str
     roofline: Optional[dict]
     timing: str
+    backend: str = "auto"  # VASE_BACKEND of the run (older records: not stated, taken as auto)
 
     @property
     def is_measurement(self) -> bool:
@@ -149,7 +150,7 @@ def _rows_of_run(data: dict, info: dict, *, run_id: str, source: str) -> list[Ro
         value = (roofline or {}).get(name)
         if value is not None and not (is_number(value) and 0 < value < math.inf):
             raise ValueError(f"roofline.{name} must be a positive number; got {value!r}")
-    for name, kind in (("device", str), ("profile", str), ("versions", dict), ("timing", str)):
+    for name, kind in (("device", str), ("profile", str), ("versions", dict), ("timing", str), ("backend", str)):
         if name in info and not isinstance(info[name], kind):
             raise ValueError(f"machine_info.vase_bench.{name}: expected {'a string' if kind is str else 'an object'}; "
                              f"got {info[name]!r}")  # fmt: skip
@@ -163,6 +164,7 @@ def _rows_of_run(data: dict, info: dict, *, run_id: str, source: str) -> list[Ro
         date=(data.get("datetime") or "")[:19].replace("T", " "),
         roofline=roofline,
         timing=info.get("timing", ""),
+        backend=info.get("backend", "auto"),
     )
     rows, seen = [], set()
     for bench in data["benchmarks"]:
@@ -254,16 +256,20 @@ def relative_percent(index: RowIndex, row: Row) -> Optional[float]:
 
 @dataclass(frozen=True)
 class Change:
-    """One row's median now against an earlier run; `change` is `new / old - 1`."""
+    """One row's median now against an earlier run; `change` is `new / old - 1`. An end-to-end row
+    compares the summed step latencies at the generated lengths both runs reached (`comparable`
+    is False when they share none: its median over steps depends on how far the run got)."""
 
     key: tuple
     old_s: Optional[float]
     new_s: Optional[float]
     threshold: float
+    comparable: bool = True
+    in_new_run: bool = False  # the row is in the new run (untimed there when `new_s` is None)
 
     @property
     def change(self) -> Optional[float]:
-        if self.old_s is None or self.new_s is None:
+        if self.old_s is None or self.new_s is None or not self.comparable:
             return None
         return self.new_s / self.old_s - 1.0
 
@@ -272,7 +278,9 @@ class Change:
         if self.old_s is None:
             return "new"
         if self.new_s is None:
-            return "not in this run"
+            return "untimed now" if self.in_new_run else "not in this run"
+        if not self.comparable:
+            return "not comparable (no generated length in common)"
         if self.new_s > self.old_s * (1.0 + self.threshold):  # a product, so that exactly 5 % slower is not over 5 %
             return "REGRESSION"
         if self.new_s < self.old_s * (1.0 - self.threshold):
@@ -280,27 +288,42 @@ class Change:
         return "unchanged"
 
 
-def _medians(rows: Sequence[Row], side: str) -> dict[tuple, float]:
-    """Timed rows' medians by device and `(suite, kernel, provider, shape)`; ValueError when two
-    files of one side hold the same row (which one to compare would be a guess)."""
-    medians, sources = {}, {}
+def _timed_rows(rows: Sequence[Row], side: str) -> dict[tuple, Row]:
+    """Timed rows by device and `(suite, kernel, provider, shape)`; ValueError when two files of
+    one side hold the same row (which one to compare would be a guess)."""
+    timed = {}
     for row in rows:
         if row.median_s is None:
             continue
         key = (row.run.device, *row.record.key)
-        if key in medians:
-            raise ValueError(f"{side}: the row {' / '.join(key)} is in both {sources[key]} and {row.run.source}; "
-                             "compare one run of it at a time")  # fmt: skip
-        medians[key], sources[key] = row.median_s, row.run.source
-    return medians
+        if key in timed:
+            raise ValueError(f"{side}: the row {' / '.join(key)} is in both {timed[key].run.source} and "
+                             f"{row.run.source}; compare one run of it at a time")  # fmt: skip
+        timed[key] = row
+    return timed
+
+
+def _change(key: tuple, new: Optional[Row], old: Optional[Row], threshold: float) -> Change:
+    if new is None or old is None or not (new.record.curve or old.record.curve):
+        return Change(key, old and old.median_s, new and new.median_s, threshold)
+    new_steps = {point.generated: point.step_s for point in new.record.curve}
+    old_steps = {point.generated: point.step_s for point in old.record.curve}
+    common = sorted(new_steps.keys() & old_steps.keys())
+    if not common:
+        return Change(key, old.median_s, new.median_s, threshold, comparable=False)
+    return Change(key, sum(old_steps[n] for n in common), sum(new_steps[n] for n in common), threshold)
 
 
 def compare(new_rows: Sequence[Row], old_rows: Sequence[Row], threshold: float) -> list[Change]:
     """Every timed row of either side, matched by device and `(suite, kernel, provider, shape)`.
 
     ValueError when one side holds a row twice (in two of its files)."""
-    new, old = _medians(new_rows, "results"), _medians(old_rows, "--compare")
-    return [Change(key, old.get(key), new.get(key), threshold) for key in dict.fromkeys([*new, *old])]
+    new, old = _timed_rows(new_rows, "results"), _timed_rows(old_rows, "--compare")
+    in_new_run = {(row.run.device, *row.record.key) for row in new_rows}
+    return [
+        replace(_change(key, new.get(key), old.get(key), threshold), in_new_run=key in in_new_run)
+        for key in dict.fromkeys([*new, *old])
+    ]
 
 
 # ----------------------------------------------------------------------------- formatting
@@ -367,6 +390,10 @@ def runs_section(runs: Sequence[Run]) -> list[str]:
     timings = sorted({run.timing for run in runs if run.timing})
     if timings:
         lines += ["", "Timing: " + "; ".join(timings) + "."]
+    for run in runs:
+        if run.backend != "auto":
+            lines += ["", f"Run {run.id} ran with VASE_BACKEND={run.backend}: its vase rows of the model-level suites "
+                      "(eviction, score modes, end to end) ran that backend, not the default dispatch."]  # fmt: skip
     return lines
 
 
@@ -741,7 +768,8 @@ def comparison_section(changes: Sequence[Change], threshold: float) -> list[str]
         body.append([*change.key, format_time(change.old_s), format_time(change.new_s), percent, change.verdict])
     regressions = sum(change.verdict == "REGRESSION" for change in changes)
     lines = [f"## comparison with the earlier run (threshold {100 * threshold:.1f} % on the median)", ""]
-    lines += [f"{regressions} regression(s).", ""]
+    lines += [f"{regressions} regression(s). End-to-end rows compare their step latencies summed over the "
+              "generated lengths both runs reached (their median over steps depends on how far a run got).", ""]
     return lines + _table(header, body, right_from=5)
 
 

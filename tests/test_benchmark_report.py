@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -474,9 +475,10 @@ def test_a_zero_or_nan_median_is_absent_not_a_crash_or_nan(tmp_path, median):
     scores = next(line for line in text.splitlines() if "| Qwen3-8B B1 T8192 | vase+scores |" in line)
     assert scores.rstrip("| ").endswith("absent")  # its speed-up over `vase`
     old = write_synthetic(tmp_path / "old.json", synthetic_rows())
-    for new_rows, old_rows in ((rows, report.load_runs([old])), (report.load_runs([old]), rows)):
+    for new_rows, old_rows, verdict in ((rows, report.load_runs([old]), "untimed now"),
+                                        (report.load_runs([old]), rows, "new")):  # fmt: skip
         verdicts = {c.key[1:4]: c.verdict for c in report.compare(new_rows, old_rows, 0.05)}
-        assert verdicts[PREFILL + ("vase",)] in ("new", "not in this run")
+        assert verdicts[PREFILL + ("vase",)] == verdict
     assert report.main([str(path), "--out", str(tmp_path / "r"), "--compare", str(old)]) == 0
 
 
@@ -594,3 +596,44 @@ def test_a_bar_in_a_name_does_not_split_its_cell_and_the_report_is_utf8_in_any_l
     header = next(index for index in range(row, 0, -1) if lines[index].startswith("|-")) - 1
     assert "Qwen3 \\| B1 ⚡" in lines[row]
     assert lines[row].replace("\\|", "").count("|") == lines[header].count("|")
+
+
+def test_a_run_with_the_reference_backend_says_so_under_runs(tmp_path):
+    data = json.loads(RECORDED.read_text())
+    data["machine_info"]["vase_bench"]["backend"] = "torch"
+    path = tmp_path / "torch_backend.json"
+    path.write_text(json.dumps(data))
+    assert report.main([str(path), str(RECORDED), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert text.count("ran with VASE_BACKEND=") == 1 and "ran with VASE_BACKEND=torch: its vase rows" in text
+    data["machine_info"]["vase_bench"]["backend"] = 3
+    path.write_text(json.dumps(data))
+    with pytest.raises(SystemExit) as refused:
+        report.main([str(path), "--out", str(tmp_path / "bad")])
+    assert refused.value.code == 2
+
+
+def test_an_end_to_end_row_is_compared_at_the_lengths_both_runs_reached(tmp_path, capsys):
+    """A run 20 % slower per step that stopped at half the length (a time limit) is a regression, though its
+    median over steps is lower; with no length in common the row is not comparable, and not a pass or a fail."""
+    recorded = Path(__file__).parents[1] / "benchmarks" / "results" / "cpu-2026-12-03" / "end_to_end.json"
+    data = json.loads(recorded.read_text())
+    for bench in data["benchmarks"]:
+        info = bench["extra_info"]
+        kept = info["curve"][: len(info["curve"]) // 2]
+        info["curve"] = [{**point, "step_s": point["step_s"] * 1.2} for point in kept]
+        bench["stats"]["data"] = [t * 1.2 for t in bench["stats"]["data"][: len(bench["stats"]["data"]) // 2]]
+        bench["stats"]["median"] = statistics.median(bench["stats"]["data"])
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps(data))
+    changes = report.compare(report.load_runs([short]), report.load_runs([recorded]), 0.05)
+    assert {change.verdict for change in changes} == {"REGRESSION"}
+    assert all(abs(change.change - 0.2) < 1e-9 for change in changes)
+    assert report.main([str(short), "--out", str(tmp_path / "out"), "--compare", str(recorded)]) == 1
+    for bench in data["benchmarks"]:
+        bench["extra_info"]["curve"] = [{**point, "generated": point["generated"] + 1}
+                                        for point in bench["extra_info"]["curve"]]  # fmt: skip
+    short.write_text(json.dumps(data))
+    changes = report.compare(report.load_runs([short]), report.load_runs([recorded]), 0.05)
+    assert {change.verdict for change in changes} == {"not comparable (no generated length in common)"}
+    assert all(change.change is None for change in changes)
