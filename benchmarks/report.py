@@ -20,7 +20,7 @@ import functools
 import json
 import math
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
@@ -303,15 +303,15 @@ def _timed_rows(rows: Sequence[Row], side: str) -> dict[tuple, Row]:
     return timed
 
 
-def _change(key: tuple, new: Optional[Row], old: Optional[Row], threshold: float) -> Change:
+def _change(key: tuple, new: Optional[Row], old: Optional[Row], threshold: float, in_new_run: bool) -> Change:
     if new is None or old is None or not (new.record.curve or old.record.curve):
-        return Change(key, old and old.median_s, new and new.median_s, threshold)
+        return Change(key, old and old.median_s, new and new.median_s, threshold, in_new_run=in_new_run)
     new_steps = {point.generated: point.step_s for point in new.record.curve}
     old_steps = {point.generated: point.step_s for point in old.record.curve}
     common = sorted(new_steps.keys() & old_steps.keys())
     if not common:
-        return Change(key, old.median_s, new.median_s, threshold, comparable=False)
-    return Change(key, sum(old_steps[n] for n in common), sum(new_steps[n] for n in common), threshold)
+        return Change(key, old.median_s, new.median_s, threshold, comparable=False, in_new_run=True)
+    return Change(key, sum(old_steps[n] for n in common), sum(new_steps[n] for n in common), threshold, in_new_run=True)
 
 
 def compare(new_rows: Sequence[Row], old_rows: Sequence[Row], threshold: float) -> list[Change]:
@@ -320,10 +320,8 @@ def compare(new_rows: Sequence[Row], old_rows: Sequence[Row], threshold: float) 
     ValueError when one side holds a row twice (in two of its files)."""
     new, old = _timed_rows(new_rows, "results"), _timed_rows(old_rows, "--compare")
     in_new_run = {(row.run.device, *row.record.key) for row in new_rows}
-    return [
-        replace(_change(key, new.get(key), old.get(key), threshold), in_new_run=key in in_new_run)
-        for key in dict.fromkeys([*new, *old])
-    ]
+    keys = dict.fromkeys([*new, *old])
+    return [_change(key, new.get(key), old.get(key), threshold, key in in_new_run) for key in keys]
 
 
 # ----------------------------------------------------------------------------- formatting

@@ -60,11 +60,18 @@ def canonical(answer: str) -> tuple[str, str]:
     return text, unit
 
 
-def same_string(answer: str, gold: str) -> bool:
-    """Whether the canonical forms match: equal quantities, and equal units when both have one
-    (`10 cm` matches `10`, not `10 m`)."""
+def string_verdict(answer: str, gold: str) -> Optional[bool]:
+    """What the canonical forms decide: False when both have a unit and the units differ (`10 m`
+    is not `10 cm`), True when the quantities are equal (`10 cm` matches `10`), else None."""
     (answer_quantity, answer_unit), (gold_quantity, gold_unit) = canonical(answer), canonical(gold)
-    return answer_quantity == gold_quantity and (answer_unit == gold_unit or not answer_unit or not gold_unit)
+    if answer_unit and gold_unit and answer_unit != gold_unit:
+        return False
+    return True if answer_quantity == gold_quantity else None
+
+
+def same_string(answer: str, gold: str) -> bool:
+    """Whether the canonical forms match: equal quantities, and equal units when both have one."""
+    return string_verdict(answer, gold) is True
 
 
 def grade(
@@ -77,11 +84,9 @@ def grade(
         return Grade(False, "no-answer")
     if choices:
         return Grade(choice_letter(answer, len(choices)) == gold.strip().upper(), "letter")
-    if same_string(answer, gold):
-        return Grade(True, "string")
-    (_, answer_unit), (_, gold_unit) = canonical(answer), canonical(gold)
-    if answer_unit and gold_unit and answer_unit != gold_unit:  # math-verify ignores units
-        return Grade(False, "string")
+    decided = string_verdict(answer, gold)
+    if decided is not None:  # a unit clash is decided here: math-verify ignores units
+        return Grade(decided, "string")
     verdict = verifier.verdict(gold, answer, timeout_s)
     if verdict is None:
         return Grade(False, "timeout")
