@@ -8,9 +8,9 @@ so after every step both hold bit-identical buffers, for each family of policies
 scores recomputed or emitted, scores of all queries, Gaussian projections, uniform
 sampling). A policy that reads the device back to the host cannot be captured: it warns
 and stays eager, still identical. On CPU there is nothing to capture and the flag leaves
-the evictions eager; what can be checked there is what a capture forbids: the device
-work of an eviction, traced op by op on the Triton path, reads no value back to the host
-for any built-in policy (the reference, which seeds generators from the counter, does).
+the evictions eager; what is checked on either device is what a capture forbids: the
+device work of an eviction, traced op by op on the Triton path, reads no value back to the
+host for any built-in policy (the reference, which seeds generators from the counter, does).
 """
 
 from __future__ import annotations
@@ -170,14 +170,15 @@ class _HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _host_reads_of_one_eviction(policy: str, monkeypatch) -> list[str]:
+def _host_reads_of_one_eviction(policy: str, monkeypatch, device: torch.device) -> list[str]:
     # Let the library's ops run their functions under the mode, so that it sees inside them.
     monkeypatch.setattr(library_op, "_needs_dispatcher", lambda args: False)
     config = VaSEConfig(policy=policy, budget=24, window=8, n_sink=2)
-    layer = VaSECacheLayer(config, batch_size=2, num_kv_heads=2, head_dim=64, dtype=torch.float32, device="cpu",
+    layer = VaSECacheLayer(config, batch_size=2, num_kv_heads=2, head_dim=64, dtype=torch.float32, device=device,
                            num_query_heads=4)
     gen = torch.Generator().manual_seed(0)
-    query, key = torch.randn(2, 4, 32, 64, generator=gen), torch.randn(2, 2, 32, 64, generator=gen)
+    query = torch.randn(2, 4, 32, 64, generator=gen).to(device)
+    key = torch.randn(2, 2, 32, 64, generator=gen).to(device)
     layer.prefill(query, key, key, scale=SCALE)  # 32 tokens: the layer is full
     with _HostReads() as probe:
         layer.evict_on_device()
@@ -186,11 +187,11 @@ def _host_reads_of_one_eviction(policy: str, monkeypatch) -> list[str]:
 
 
 @pytest.mark.parametrize("policy", [name for name, spec in POLICIES.items() if spec.evicts])
-def test_eviction_reads_nothing_back_on_the_kernel_path(policy, monkeypatch) -> None:
-    monkeypatch.setenv("VASE_BACKEND", "triton")
-    assert _host_reads_of_one_eviction(policy, monkeypatch) == []
+def test_eviction_reads_nothing_back_on_the_kernel_path(policy, monkeypatch, device) -> None:
+    monkeypatch.setenv("VASE_BACKEND", "triton")  # on CPU, the interpreter the test set-up enables
+    assert _host_reads_of_one_eviction(policy, monkeypatch, device) == []
 
 
-def test_the_probe_sees_the_reference_read_its_counter(monkeypatch) -> None:
+def test_the_probe_sees_the_reference_read_its_counter(monkeypatch, device) -> None:
     monkeypatch.setenv("VASE_BACKEND", "torch")
-    assert "aten._local_scalar_dense.default" in _host_reads_of_one_eviction("vase", monkeypatch)
+    assert "aten._local_scalar_dense.default" in _host_reads_of_one_eviction("vase", monkeypatch, device)
