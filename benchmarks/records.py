@@ -62,7 +62,7 @@ class CurvePoint:
         _check("curve.generated", is_count(self.generated) and self.generated >= 0, "a token count", self.generated)
         for name in ("step_s", "tokens_per_s"):
             value = getattr(self, name)
-            _check(f"curve.{name}", _is_finite(value) and value >= 0, "a finite number >= 0", value)
+            _check(f"curve.{name}", _is_finite(value) and value > 0, "a finite number > 0", value)
         for name in ("kv_bytes", "peak_bytes", "steps"):
             value = getattr(self, name)
             if name == "kv_bytes" or value is not None:

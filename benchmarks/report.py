@@ -192,6 +192,13 @@ def _row(run: Run, bench: dict) -> Row:
     """One benchmark's row. A NaN, infinite, zero or negative median is no timing (untimed); a NaN
     or negative IQR, or a non-finite sample, leaves the IQR or the percentiles absent."""
     record = Record.from_extra_info(bench["extra_info"])
+    details = record.details
+    if "timing" in details and not isinstance(details["timing"], str):
+        raise ValueError(f"details.timing: expected a string; got {details['timing']!r}")
+    for name in ("weight_bytes", "batch"):
+        value = details.get(name)
+        if value is not None and not (is_count(value) and value > 0):
+            raise ValueError(f"details.{name}: expected a positive count or null; got {value!r}")
     stats = bench.get("stats")
     if not stats:
         return Row(run, record, None, None, None, None, 0)
@@ -635,9 +642,10 @@ def roofline_share(row: Row, point: CurvePoint) -> tuple[Optional[float], Option
     """(the step time `step_bytes` takes at the run's copy bandwidth, that time as a percentage of
     the mean step at `point`); Nones where the run measured no bandwidth."""
     needed, batch = step_bytes(row, point), row.record.details.get("batch")
-    if needed is None or row.run.roofline is None or not batch:
+    copy_gbs = (row.run.roofline or {}).get("copy_gbs")
+    if needed is None or copy_gbs is None or not batch:
         return None, None
-    floor_s = needed / (row.run.roofline["copy_gbs"] * 1e9)
+    floor_s = needed / (copy_gbs * 1e9)
     return floor_s, 100.0 * floor_s * point.tokens_per_s / batch
 
 
@@ -656,12 +664,12 @@ def _bytes_section(
         return []
     lines = []
     header = ["method"] + [f"{length:,} tokens" for length in lengths]
-    roofline = sized[0].run.roofline
-    if roofline is not None:
+    copy_gbs = (sized[0].run.roofline or {}).get("copy_gbs")
+    if copy_gbs is not None:
         lines += [
             f"Bandwidth roofline: reading the weights ({format_bytes(sized[0].record.details['weight_bytes'])} a "
             "step, the embedding table aside) and the KV cache held, once each, at this run's copy bandwidth "
-            f"({format_gbs(roofline['copy_gbs'])} GB/s) takes the time shown; the share is that time over the mean step:",
+            f"({format_gbs(copy_gbs)} GB/s) takes the time shown; the share is that time over the mean step:",
             "",
         ]  # fmt: skip
         body = [[row.record.provider] + _cells_by_length(row, lengths, functools.partial(_roofline_cell, row))

@@ -310,6 +310,11 @@ def _edited(tmp_path: Path, edit) -> Path:
     return path
 
 
+def _end_to_end(data: dict) -> dict:
+    """The `extra_info` of the first end-to-end row of a pytest-benchmark JSON."""
+    return next(bench["extra_info"] for bench in data["benchmarks"] if bench["extra_info"]["suite"] == "end-to-end")
+
+
 def _drop(mapping: dict, key: str) -> None:
     del mapping[key]
 
@@ -339,11 +344,20 @@ def _drop(mapping: dict, key: str) -> None:
      (lambda d: d["machine_info"]["vase_bench"]["roofline"].update(copy_gbs=0),
       "roofline.copy_gbs must be a positive number; got 0"),
      (lambda d: d["machine_info"]["vase_bench"]["roofline"].update(copy_gbs=True),
-      "roofline.copy_gbs must be a positive number; got True")],
+      "roofline.copy_gbs must be a positive number; got True"),
+     (lambda d: _end_to_end(d)["curve"][0].update(step_s=0), "curve.step_s: expected a finite number > 0; got 0"),
+     (lambda d: _end_to_end(d)["curve"][0].update(tokens_per_s=0.0),
+      "curve.tokens_per_s: expected a finite number > 0; got 0.0"),
+     (lambda d: _end_to_end(d)["details"].update(weight_bytes="2e9"),
+      "details.weight_bytes: expected a positive count or null; got '2e9'"),
+     (lambda d: _end_to_end(d)["details"].update(batch=0), "details.batch: expected a positive count or null; got 0"),
+     (lambda d: _end_to_end(d)["details"].update(timing=5), "details.timing: expected a string; got 5"),
+     (lambda d: _end_to_end(d).update(details="x"), "details: expected an object; got 'x'")],
     ids=["no-device", "record-not-a-dict", "versions-null", "device-a-number", "row-not-a-dict", "no-median",
          "median-a-string", "median-a-boolean", "a-sample-a-string", "flops-a-string", "negative-flops",
          "shape-a-number", "no-provider", "compare-to-a-string", "a-row-twice", "curve-point-fields",
-         "zero-bandwidth", "boolean-bandwidth"],
+         "zero-bandwidth", "boolean-bandwidth", "zero-step", "zero-tokens-per-s", "weights-a-string", "zero-batch",
+         "timing-a-number", "details-a-list"],
 )  # fmt: skip
 def test_a_hand_edited_record_is_a_one_line_error_naming_the_file(tmp_path, capsys, edit, problem):
     path = _edited(tmp_path, edit)
@@ -353,6 +367,19 @@ def test_a_hand_edited_record_is_a_one_line_error_naming_the_file(tmp_path, caps
     error = capsys.readouterr().err
     assert error.startswith(f"python -m benchmarks.report: error: argument results: {path}: ") and problem in error
     assert error.count("\n") == 1
+
+
+def test_an_end_to_end_run_without_a_copy_bandwidth_has_no_roofline_shares(tmp_path):
+    def edit(data):
+        del data["machine_info"]["vase_bench"]["roofline"]["copy_gbs"]
+        for bench in data["benchmarks"]:
+            if bench["extra_info"]["suite"] == "end-to-end":
+                bench["extra_info"]["details"].update(batch=16, weight_bytes=2 * 10**9)
+
+    assert report.main([str(_edited(tmp_path, edit)), "--out", str(tmp_path / "r")]) == 0
+    text = (tmp_path / "r" / "report.md").read_text()
+    # The bytes a step reads are known, the bandwidth they would take is not.
+    assert "Speed-up the bytes allow" in text and "Bandwidth roofline" not in text
 
 
 @pytest.mark.parametrize(
