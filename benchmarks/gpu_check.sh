@@ -7,7 +7,7 @@
 #   VASE_BENCH_COMMIT=<commit> bash benchmarks/gpu_check.sh OUT_DIR    # a copy without .git
 #
 # Time budget (seconds; the whole script stays under 8 minutes):
-#   environment                        ~5
+#   environment                        ~5   (each command under a timeout, as is `autotune --show`)
 #   CUDA tests                         140  (limit; 8 processes: ~130 s on an H200, 16 were no faster)
 #   autotuning                          60  (limit) Qwen3-8B decode-time kernels, batch 16, budget 4096:
 #                                           the default-vs-tuned table and the stored file
@@ -38,7 +38,7 @@ start=$(date +%s)
 deadline=$((start + 420))
 grace=10
 
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '-' | sed 's/-$//')
+gpu=$(timeout 20 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '-' | sed 's/-$//')
 out="${out_arg:-benchmarks/results/${gpu:-gpu}-$(date -u +%Y-%m-%d)}"
 mkdir -p "$out"
 status=0
@@ -66,10 +66,10 @@ run_step() {
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
   echo "commit: ${VASE_BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
-  $python -c "import sys, torch, triton, transformers; print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__, '| transformers', transformers.__version__)"
+  timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
+  timeout 60 $python -c "import sys, torch, triton, transformers; print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__, '| transformers', transformers.__version__)"
   # The baselines' SDPA picks among these; a cuDNN SDPA plan is built per new key length.
-  $python -c "import torch; from benchmarks.environment import sdpa_backends; print('cudnn', torch.backends.cudnn.version(), '| SDPA backends enabled:', *sdpa_backends())"
+  timeout 60 $python -c "import torch; from benchmarks.environment import sdpa_backends; print('cudnn', torch.backends.cudnn.version(), '| SDPA backends enabled:', *sdpa_backends())"
 } > "$out/environment.txt" 2>&1
 cat "$out/environment.txt"
 
@@ -97,7 +97,7 @@ printf '%s\n' '{"model_type": "qwen3", "num_attention_heads": 32, "num_key_value
 run_step autotune 60 env VASE_AUTOTUNE_DIR="$out/autotune" $python -m vase_triton autotune \
   --config "$out/qwen3_8b_config.json" --batch 16 --budget 4096 --prompt-len 1024 --dtype bfloat16 \
   --kernels decode,decode_combine,append,evict_select,evict_compact --time-limit 45
-VASE_AUTOTUNE_DIR="$out/autotune" $python -m vase_triton autotune --show > "$out/autotune_stored.txt" 2>&1
+VASE_AUTOTUNE_DIR="$out/autotune" timeout 30 $python -m vase_triton autotune --show > "$out/autotune_stored.txt" 2>&1
 
 run_step attention 60 $python -m pytest -q -p no:cacheprovider \
   benchmarks/bench_prefill.py benchmarks/bench_decode.py --benchmark-json "$out/attention.json"
