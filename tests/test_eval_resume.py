@@ -211,6 +211,8 @@ def test_another_checkpoint_at_the_same_path_is_refused(tmp_path, capsys, saved_
             "--max-new-tokens", "4", "--no-progress", "--device", "cpu", "--dtype", "float32", "--out", str(out)]
     assert main(argv) == 0
     assert main(argv) == 0  # the same weights: nothing to redo
+    respelled = [f"{saved_model_dir}/." if arg == str(saved_model_dir) else arg for arg in argv]
+    assert main(respelled) == 0  # the same directory, spelled otherwise
     tiny_qwen3(seed=4).save_pretrained(saved_model_dir)
     capsys.readouterr()
     assert main(argv) == 1

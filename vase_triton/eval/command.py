@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import importlib.util
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -129,8 +130,10 @@ def _model_plan(args) -> _EvalPlan:
     if args.out is None:
         raise CommandError("--out: expected an output directory for results of --model")
     samples, window = args.samples or 8, args.window or DEFAULT_WINDOW
+    # A local directory is recorded in one spelling, so that `md`, `./md` and `md/` resume one run.
+    label = os.path.normpath(args.model) if os.path.isdir(args.model) else args.model
     return _EvalPlan(
-        label=args.model, tasks=args.tasks or list(HUB_TASKS), budgets=args.budgets or [1024, 2048, 4096],
+        label=label, tasks=args.tasks or list(HUB_TASKS), budgets=args.budgets or [1024, 2048, 4096],
         window=window, samples=samples, max_new_tokens=args.max_new_tokens or 32768,
         batch_size=args.batch_size or 16, out_dir=Path(args.out),
         header=f"model: {args.model}, {samples} sample(s) per problem, window {window}",
