@@ -331,6 +331,11 @@ def test_refusals_are_clear(model, tokenizer):
         cache.reorder_cache(torch.tensor([0]))
     with pytest.raises(NotImplementedError, match="cropped"):
         cache.crop(2)
+    with pytest.raises(NotImplementedError, match="cannot repeat its rows"):
+        cache.batch_repeat_interleave(2)
+    with pytest.raises(NotImplementedError, match="cannot select rows"):
+        cache.batch_select_indices(torch.tensor([0]))
+    assert cache.stores[0].batch_size == 1 and cache.seen_tokens > 0  # left as it was
     with pytest.raises(TypeError, match="model_type"):
         vase_triton.patch_qwen3(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="budget"):

@@ -30,7 +30,8 @@ from vase_triton.validation import host_checks_allowed
 
 
 class UnsupportedCacheOperation(NotImplementedError):
-    """A transformers cache operation that an evicting cache refuses by design (beam reordering, cropping)."""
+    """A transformers cache operation that an evicting cache refuses by design (beam reordering, cropping,
+    repeating or selecting rows)."""
 
 
 class _PassThroughLayer(CacheLayerMixin):
@@ -86,6 +87,17 @@ class _PassThroughLayer(CacheLayerMixin):
 
     def crop(self, *args, **kwargs) -> None:
         raise UnsupportedCacheOperation("VaSECache cannot be cropped: evicted tokens are gone")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise UnsupportedCacheOperation(
+            "VaSECache cannot repeat its rows (its buffers are sized for one batch): make the cache for the "
+            "repeated batch, or let generate expand the prompts (num_return_sequences)"
+        )
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise UnsupportedCacheOperation(
+            "VaSECache cannot select rows (its buffers are sized for one batch): make a cache for the rows kept"
+        )
 
 
 
