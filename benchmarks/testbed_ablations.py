@@ -39,6 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vase_triton import cli, policies, reference  # noqa: E402
+from vase_triton.commands.common import positive_int  # noqa: E402
 from vase_triton.eval.runner import RESULTS_FILE, Run, read_results  # noqa: E402
 from vase_triton.testbed.harness import COMPRESSIONS, compression_budget  # noqa: E402
 
@@ -133,7 +134,7 @@ def measure(ablation: Ablation, seeds: int, out: Path) -> Iterator[tuple[int, tu
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=5, help="run seeds per variant (default 5)")
+    parser.add_argument("--seeds", type=positive_int, default=5, help="run seeds per variant (default 5)")
     parser.add_argument("--out", type=Path, help="keep the eval outputs here (default: a temporary directory)")
     names = list(dict.fromkeys(ablation.name for ablation in ABLATIONS))
     parser.add_argument("--only", action="append", choices=names, metavar="NAME",

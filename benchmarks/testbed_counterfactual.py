@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from vase_triton.commands.common import positive_int  # noqa: E402
 from vase_triton.testbed.task import (  # noqa: E402
     BOS, END_THINK, FACT_VALUES, THINK, USED_NAMES, fact_token, heldout_problems, parse_facts, threshold,
 )
@@ -92,10 +93,12 @@ def measure(model, tokenizer, problems, *, seed: int = 0, batch_size: int = 64) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", help="a trained testbed model directory (default: the shipped weights)")
-    parser.add_argument("--problems", type=int, default=256, help="held-out problems")
+    parser.add_argument("--problems", type=positive_int, default=256, help="held-out problems")
     parser.add_argument("--seed", type=int, default=0, help="seed of the new fact values")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=positive_int, default=64)
     args = parser.parse_args()
+    if args.model_dir and not (Path(args.model_dir) / "config.json").is_file():
+        parser.error(f"--model-dir: expected a trained testbed model directory (with config.json); got {args.model_dir}")
     from vase_triton.testbed.model import load_testbed
     from vase_triton.testbed.tokenizer import build_tokenizer
 

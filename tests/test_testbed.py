@@ -5,9 +5,10 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from vase_triton.testbed.task import (
-    DEFAULT_STEPS, END_THINK, FACT_NAMES, FACT_VALUES, PROMPT_TOKENS, USED_NAMES, heldout_problems, heldout_stream_seed,
+    DEFAULT_STEPS, END_THINK, FACT_NAMES, FACT_VALUES, HELDOUT_STREAM_SEED, PROMPT_TOKENS, USED_NAMES, heldout_problems,
     make_problem, parse_facts, threshold,
 )
 
@@ -28,6 +29,8 @@ def test_trace_counts_the_steps_whose_fact_is_above_the_threshold(seed):
     assert sum("=" in word for word in problem.prompt) == len(FACT_NAMES)
     steps = _steps(problem)
     assert [step for step, _, _ in steps] == list(range(DEFAULT_STEPS))
+    # Only words the task writes state a fact: ASCII digits, values below FACT_VALUES.
+    assert parse_facts(["a=²", "a=٣", f"a={FACT_VALUES}", "a=-1", "a="]) == {}
     previous = 0
     for step, name, count in steps:
         assert name in USED_NAMES
@@ -59,17 +62,19 @@ def test_each_block_of_four_steps_reads_every_used_fact_once_in_an_order_set_by_
 
 def test_heldout_stream_is_fixed_and_apart_from_training_streams():
     first, again = heldout_problems(8), heldout_problems(8)
-    assert first == again
+    assert first == again and heldout_problems(3) == first[:3] and heldout_problems(0) == []
     training = {make_problem(random.Random(seed)).prompt for seed in range(50)}
     assert not training & {problem.prompt for problem in first}
-    # `random.Random` seeds with |seed|: the one data seed that draws the held-out stream is refused.
-    assert make_problem(random.Random(heldout_stream_seed())).prompt == first[0].prompt
+    # The one data seed that draws the held-out stream, which training refuses.
+    assert make_problem(random.Random(HELDOUT_STREAM_SEED)).prompt == first[0].prompt
+    with pytest.raises(ValueError, match="count: expected an int >= 0; got -3"):
+        heldout_problems(-3)
 
 
 @pytest.mark.parametrize(
     "argv, fragment",
     [
-        (["--seed", str(heldout_stream_seed())], "--seed: 2025 draws the held-out evaluation problems"),
+        (["--seed", str(HELDOUT_STREAM_SEED)], "--seed: 2025 draws the held-out evaluation problems"),
         (["--seed", "-1"], "--seed: expected an integer >= 0; got -1"),
         (["--log-every", "0"], "--log-every: expected a positive integer; got 0"),
         (["--batch-size", "0"], "--batch-size: expected a positive integer; got 0"),
@@ -80,6 +85,7 @@ def test_heldout_stream_is_fixed_and_apart_from_training_streams():
         (["--heads", "3"], "--hidden-size: expected a multiple of --heads = 3; got 128"),
         (["--kv-heads", "3"], "--kv-heads: expected a divisor of --heads = 4; got 3"),
         (["--lr", "nan"], "--lr: expected a finite number"),
+        (["--hidden-size", "12", "--heads", "4"], "--hidden-size: expected an even head dim"),
     ],
 )
 def test_training_arguments_are_refused_in_one_line_before_training(argv, fragment, tmp_path, capsys, monkeypatch):
@@ -90,6 +96,52 @@ def test_training_arguments_are_refused_in_one_line_before_training(argv, fragme
         train.main(["--out", str(tmp_path / "model"), *argv])
     assert exit_info.value.code == 2
     assert fragment in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_output_directories_are_checked_before_training(tmp_path, capsys, monkeypatch):
+    from vase_triton.testbed import train
+
+    monkeypatch.setattr(train, "train", lambda args: pytest.fail("training started"))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for argv, fragment in [
+        (["--out", str(a_file)], f"--out: expected a directory; {a_file} is a file"),
+        (["--out", str(tmp_path / "m"), "--plain-out", str(a_file)], f"--plain-out: expected a directory; {a_file}"),
+        (["--out", str(tmp_path / "m"), "--plain-out", str(tmp_path / "m") + "/."],
+         "--plain-out: expected a directory other than --out"),
+    ]:  # fmt: skip
+        with pytest.raises(SystemExit) as exit_info:
+            train.main(argv)
+        assert exit_info.value.code == 2 and fragment in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_a_run_without_noise_steps_saves_its_plain_model_too(tmp_path):
+    from safetensors.torch import load_file
+
+    from vase_triton.testbed import train
+
+    out, plain = tmp_path / "model", tmp_path / "plain"
+    train.main(["--out", str(out), "--plain-out", str(plain), "--plain-steps", "2", "--noise-steps", "0",
+                "--steps", "1", "--batch-size", "1", "--hidden-size", "16", "--layers", "1", "--heads", "2",
+                "--kv-heads", "1", "--warmup", "1"])  # fmt: skip
+    final, at_plain_end = load_file(out / "model.safetensors"), load_file(plain / "model.safetensors")
+    assert final.keys() == at_plain_end.keys()
+    assert all(torch.equal(final[name], at_plain_end[name]) for name in final)
+
+
+def test_the_demo_names_the_first_wrong_step_or_the_ending():
+    from vase_triton.testbed.demo import trace_verdict
+
+    reference = heldout_problems(1)[0].trace
+    words = list(reference)
+    joined = " ".join(words)
+    assert trace_verdict(joined, joined) == "exact"
+    at_step_5 = words.index(next(word for word in words if word.startswith("5:"))) + 1  # step 5's count
+    changed = words[:at_step_5] + ["999"] + words[at_step_5 + 1 :]
+    assert trace_verdict(" ".join(changed), joined) == "wrong from step 5"
+    assert trace_verdict(" ".join(words[:-1] + ["\\boxed{999}"]), joined) == "steps right, the ending differs"
+    assert trace_verdict(" ".join(words + ["more"]), joined) == "steps right, the ending differs"
+    assert trace_verdict(" ".join(words[:10]), joined) == f"10 words, {len(words)} expected"
 
 
 def test_tokenizer_round_trip_without_unknown_words():

@@ -11,18 +11,27 @@ from vase_triton.eval.prompting import render_prompt
 from vase_triton.eval.runner import EvalSettings, generate_batch
 from vase_triton.testbed.harness import DEMO_PROBLEMS, SEQUENCE_TOKENS, testbed_problems
 from vase_triton.testbed.model import load_testbed
-from vase_triton.testbed.task import MAX_STEPS, USED_NAMES, step_token
+from vase_triton.testbed.task import END_THINK, MAX_STEPS, USED_NAMES, step_token
 
 STEP_WORDS = frozenset(step_token(step, name) for step in range(MAX_STEPS) for name in USED_NAMES)
 
 
-def _trace_verdict(output: str, reference: str) -> str:
-    """`exact`, or the step of the first word that differs from the reference trace."""
+def trace_verdict(output: str, reference: str) -> str:
+    """`exact`; the step of the first word that differs from the reference trace; or, when every
+    step is right, that the closing words (`</think>`, the answer) differ."""
     produced, expected = output.split(), reference.split()
+    steps_end = expected.index(END_THINK) if END_THINK in expected else len(expected)
     for index, (got, want) in enumerate(zip(produced, expected)):
         if got != want:
+            if index >= steps_end:
+                break
             return f"wrong from step {sum(word in STEP_WORDS for word in expected[: index + 1]) - 1}"
-    return "exact" if len(produced) == len(expected) else f"{len(produced)} words, {len(expected)} expected"
+    else:
+        if len(produced) == len(expected):
+            return "exact"
+        if min(len(produced), len(expected)) < steps_end:
+            return f"{len(produced)} words, {len(expected)} expected"
+    return "steps right, the ending differs"
 
 
 def side_by_side(config: VaSEConfig, *, problem_index: int, max_new_tokens: int, device, dtype: torch.dtype) -> None:
@@ -63,7 +72,7 @@ def side_by_side(config: VaSEConfig, *, problem_index: int, max_new_tokens: int,
             "none" if answer is None else f"{answer} ({'right' if answer == problem.answer else 'wrong'})"
             for _, _, _, answer, *_ in results
         ],
-        "trace": [_trace_verdict(text, problem.reference) for _, _, text, *_ in results],
+        "trace": [trace_verdict(text, problem.reference) for _, _, text, *_ in results],
         "KV memory": [format_bytes(kv) for *_, kv in results],
         "evictions": [f"{ev} per layer" for *_, ev, _ in results],
     }

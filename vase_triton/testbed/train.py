@@ -30,7 +30,7 @@ import torch
 
 from vase_triton.testbed.model import testbed_config
 from vase_triton.commands.common import finite_float, non_negative_int, positive_int
-from vase_triton.testbed.task import DEFAULT_STEPS, END_THINK, MAX_STEPS, THINK, heldout_stream_seed, make_problem
+from vase_triton.testbed.task import DEFAULT_STEPS, END_THINK, HELDOUT_STREAM_SEED, MAX_STEPS, THINK, make_problem
 from vase_triton.testbed.tokenizer import build_tokenizer
 
 NOISE_SINKS = 4
@@ -151,6 +151,8 @@ def train(args) -> dict:
                 }
             print(json.dumps(metrics), flush=True)
     record = {"arguments": vars(args), "minutes": round((time.perf_counter() - start) / 60, 1), "last": metrics}
+    if args.plain_out and args.noise_steps == 0:  # the plain phase ran to the end
+        save(model, tokenizer, Path(args.plain_out), record)
     save(model, tokenizer, Path(args.out), record)
     return record
 
@@ -195,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse (exit status 2, one line) what the arguments' types cannot: their combinations."""
-    if args.seed == heldout_stream_seed():
+    if args.seed == HELDOUT_STREAM_SEED:
         parser.error(f"--seed: {args.seed} draws the held-out evaluation problems; choose another seed")
     if args.steps > MAX_STEPS:
         parser.error(f"--steps: expected at most {MAX_STEPS}; got {args.steps}")
@@ -203,6 +205,15 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("--plain-steps, --noise-steps: expected at least one optimiser step in all; got 0")
     if args.hidden_size % args.heads:
         parser.error(f"--hidden-size: expected a multiple of --heads = {args.heads}; got {args.hidden_size}")
+    if (args.hidden_size // args.heads) % 2:
+        parser.error(f"--hidden-size: expected an even head dim (rotary embeddings rotate pairs) with --heads = "
+                     f"{args.heads}; got {args.hidden_size}, head dim {args.hidden_size // args.heads}")
+    for name in ("out", "plain_out"):
+        path = getattr(args, name)
+        if path is not None and Path(path).exists() and not Path(path).is_dir():
+            parser.error(f"--{name.replace('_', '-')}: expected a directory; {path} is a file")
+    if args.plain_out is not None and Path(args.plain_out).resolve() == Path(args.out).resolve():
+        parser.error(f"--plain-out: expected a directory other than --out; got {args.plain_out}")
     if args.heads % args.kv_heads:
         parser.error(f"--kv-heads: expected a divisor of --heads = {args.heads}; got {args.kv_heads}")
 
