@@ -299,6 +299,69 @@ def test_bad_out_paths_fail_before_the_model_loads(saved_model_dir, tmp_path, ca
     assert prompts.read_text() == '{"prompt": "abc"}\n'
 
 
+def test_an_earlier_out_stays_until_the_first_batch_is_written(saved_model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    prompts, out = tmp_path / "prompts.jsonl", tmp_path / "out.jsonl"
+    out.write_text('{"earlier": 1}\n')
+    prompts.write_text('{"prompt": "abc"}\n{"prompt": ""}\n')  # the second prompt is refused after loading
+    model = ["generate", "--model", str(saved_model_dir), "--prompts", str(prompts), "--out", str(out)]
+    one_line_error(capsys, model, "the prompt is empty (0 tokens)")
+    assert out.read_text() == '{"earlier": 1}\n'
+    os.link(prompts, tmp_path / "linked.jsonl")  # the prompts file under another name
+    one_line_error(capsys, model[:-1] + [str(tmp_path / "linked.jsonl")], "is the --prompts file")
+    assert prompts.read_text() == '{"prompt": "abc"}\n{"prompt": ""}\n'
+
+
+def test_prompt_lines_end_at_newlines_only_and_ids_are_strings_or_integers(saved_model_dir, tmp_path, capsys,
+                                                                          monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    prompts, out = tmp_path / "prompts.jsonl", tmp_path / "out.jsonl"
+    # U+2028 and U+0085 inside a prompt, written raw as JSON allows; CRLF line ends.
+    prompts.write_text(json.dumps({"prompt": "a\u2028b\u0085c", "id": 5}, ensure_ascii=False) + "\r\n"
+                       + json.dumps({"prompt": "d"}) + "\r\n", encoding="utf-8")  # fmt: skip
+    argv = ["generate", "--model", str(saved_model_dir), "--prompts", str(prompts), "--out", str(out),
+            "--max-new-tokens", "2"]
+    assert main(argv) == 0
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["5", "2"]
+    for bad in ("null", "true", '{"x": 1}', "1.5"):
+        prompts.write_text('{"prompt": "abc", "id": ' + bad + "}\n")
+        one_line_error(capsys, argv, f'line 1: expected an "id" string or integer; got {json.dumps(json.loads(bad))}')
+
+
+def test_the_summary_capacity_is_that_of_the_largest_cache(saved_model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "a" * 45}) + "\n" + json.dumps({"prompt": "abc"}) + "\n")
+    assert main(["generate", "--model", str(saved_model_dir), "--prompts", str(prompts), "--out",
+                 str(tmp_path / "out.jsonl"), "--batch-size", "1", "--max-new-tokens", "5", "--policy", "full",
+                 "--json"]) == 0  # fmt: skip
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # The full cache of the first batch holds its 45 prompt tokens and 5 new ones, the second's 8:
+    # the summary's capacity and memory are both the first's.
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert summary["capacity"] == 50 and summary["kv_memory_bytes"] == lines[0]["kv_memory_bytes"]
+    assert lines[0]["kv_memory_bytes"] > lines[1]["kv_memory_bytes"]
+
+
+def test_options_the_run_would_ignore_are_refused(saved_model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    model = ["generate", "--model", str(saved_model_dir), "--max-new-tokens", "2"]
+    one_line_error(capsys, model + ["--policy", "full", "--budget", "16"], "--budget: the 'full' policy keeps every")
+    one_line_error(capsys, model + ["--policy", "full", "--window", "5000"], "--window: the 'full' policy keeps every")
+    one_line_error(capsys, model + ["--batch-size", "4"], "--batch-size: only with --prompts")
+    one_line_error(capsys, model + ["--no-think"], "--no-think: only with a chat template")
+    directory = save_model_dir(tmp_path / "failing", chat_template="{{ raise_exception('a system message is required') }}")
+    one_line_error(capsys, ["generate", "--model", str(directory), "--prompt", "hi"],
+                   "--chat: the tokenizer's chat template failed: a system message is required")  # fmt: skip
+    unpadded = save_model_dir(tmp_path / "unpadded")
+    settings = json.loads((unpadded / "tokenizer_config.json").read_text())
+    for name in ("pad_token", "eos_token"):
+        settings.pop(name, None)
+    (unpadded / "tokenizer_config.json").write_text(json.dumps(settings))
+    one_line_error(capsys, ["generate", "--model", str(unpadded), "--prompt", "hi"],
+                   "--model: the tokenizer has neither a padding nor an end-of-sequence token")  # fmt: skip
+
+
 def test_each_batch_is_written_as_it_finishes(saved_model_dir, tmp_path, monkeypatch):
     """A run interrupted in its second batch keeps the first batch's lines."""
     from vase_triton.commands import generate

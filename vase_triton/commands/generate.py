@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -104,7 +105,8 @@ def _read_prompts(path: Path) -> list[tuple[str, str]]:
     except UnicodeDecodeError as error:
         raise CommandError(f"--prompts: {path} is not UTF-8 text (byte {error.start})") from None
     records = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    # Lines end at "\n" alone: str.splitlines() would also split inside a prompt at U+2028 or U+0085.
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -113,7 +115,11 @@ def _read_prompts(path: Path) -> list[tuple[str, str]]:
             raise CommandError(f"--prompts: {path} line {number}: not JSON ({error.msg})") from None
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
             raise CommandError(f'--prompts: {path} line {number}: expected an object with a "prompt" string')
-        records.append((str(record.get("id", number)), record["prompt"]))
+        record_id = record.get("id", number)
+        if not isinstance(record_id, (str, int)) or isinstance(record_id, bool):
+            raise CommandError(f'--prompts: {path} line {number}: expected an "id" string or integer; got '
+                               f"{json.dumps(record_id)}")
+        records.append((str(record_id), record["prompt"]))
     if not records:
         raise CommandError(f"--prompts: {path} holds no prompts")
     return records
@@ -129,23 +135,51 @@ def _check_prompt(prompt: str, where: str, tokenizer) -> None:
         raise CommandError(f"{where}: the prompt is empty (0 tokens)")
 
 
-def _open_out(out: Path, prompts: Path):
-    """`--out` opened for writing before any work, so that a bad path fails at once; never the prompts file."""
-    if out.exists() and out.resolve() == prompts.resolve():
-        raise CommandError(f"--out: {out} is the --prompts file; give another path")
+def _check_out(out: Path, prompts: Path) -> None:
+    """`--out` checked before any work, so that a bad path fails at once: never the prompts file
+    (under any name: a hard link, a symbolic link), a directory or a path that cannot be written."""
     if out.is_dir():
         raise CommandError(f"--out: {out} is a directory; expected a file path")
-    try:
-        return out.open("w", encoding="utf-8")
-    except OSError as error:
-        raise CommandError(f"--out: cannot write {out}: {error.strerror or error}") from None
+    if out.exists() and prompts.exists() and os.path.samefile(out, prompts):
+        raise CommandError(f"--out: {out} is the --prompts file; give another path")
+    writable = os.access(out, os.W_OK) if out.exists() else os.access(out.parent, os.W_OK | os.X_OK)
+    if not writable:
+        raise CommandError(f"--out: cannot write {out}: permission denied or no such directory")
+
+
+class _LazyFile:
+    """A text file opened (and so replaced) at its first write: a run that fails before its first
+    batch leaves an earlier `--out` as it was."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._file = None
+
+    def write(self, text: str) -> None:
+        if self._file is None:
+            try:
+                self._file = self.path.open("w", encoding="utf-8")
+            except OSError as error:
+                raise CommandError(f"--out: cannot write {self.path}: {error.strerror or error}") from None
+        self._file.write(text)
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
 
 
 def _format_prompt(tokenizer, prompt: str, chat: bool, think: bool) -> str:
     if not chat:
         return prompt
     messages = [{"role": "user", "content": prompt}]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=think)
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=think)
+    except Exception as error:  # jinja2's TemplateError, and what a template's own code raises
+        raise CommandError(f"--chat: the tokenizer's chat template failed: {error}") from None
 
 
 class _PrintableStreamer:
@@ -184,15 +218,24 @@ def run_generate(args) -> int:
     dtype = resolve_dtype(args.dtype, device)
     if args.model is None:
         return _generate_testbed(args, device, dtype)
+    if args.policy == "full":
+        for option, given in (("--budget", args.budget), ("--window", args.window)):
+            if given is not None:
+                raise CommandError(f"{option}: the 'full' policy keeps every token, so {option} would be ignored; "
+                                   f"drop {option}")
     config = config_from_arguments(args, args.budget or DEFAULT_BUDGET)
     if args.out is not None and args.prompts is None:
         raise CommandError("--out: only with --prompts (one JSON line per completion)")
+    if args.batch_size is not None and args.prompts is None:
+        raise CommandError("--batch-size: only with --prompts (one prompt is one batch)")
     prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt
     records = _read_prompts(args.prompts) if args.prompts is not None else [("1", prompt)]
     batch_size = args.batch_size or DEFAULT_BATCH_SIZE
     sink = None
     if args.prompts is not None:
-        sink = sys.stdout if args.out is None else _open_out(args.out, args.prompts)
+        if args.out is not None:
+            _check_out(args.out, args.prompts)
+        sink = sys.stdout if args.out is None else _LazyFile(args.out)
     try:
         return _generate_with_model(args, config, records, batch_size, sink, device, dtype)
     finally:
@@ -216,8 +259,12 @@ def _generate_with_model(args, config, records, batch_size: int, sink, device, d
     if args.chat and not has_template:
         raise CommandError("--chat: this tokenizer has no chat template")
     chat = has_template if args.chat is None else args.chat
+    if args.no_think and not chat:
+        raise CommandError("--no-think: only with a chat template (this run applies none)")
     sampling = sampling_settings(model, args.temperature, args.top_p, args.top_k)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        raise CommandError("--model: the tokenizer has neither a padding nor an end-of-sequence token to pad prompts with")
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
@@ -226,7 +273,7 @@ def _generate_with_model(args, config, records, batch_size: int, sink, device, d
     texts = [_format_prompt(tokenizer, prompt, chat, not args.no_think) for _, prompt in records]
 
     stream = args.prompts is None and not args.json
-    results, total_seconds, evictions, memory, full_bytes = [], 0.0, 0, 0, 0
+    results, total_seconds, evictions, memory, capacity, full_bytes = [], 0.0, 0, 0, 0, 0
     cache = None
     prompt_tokens = generated = 0
     torch.manual_seed(args.seed)
@@ -261,7 +308,9 @@ def _generate_with_model(args, config, records, batch_size: int, sink, device, d
             ) from None
         seconds = time.perf_counter() - began
         total_seconds += seconds
-        evictions, memory = max(evictions, cache.n_evictions), max(memory, cache.memory_bytes)
+        evictions = max(evictions, cache.n_evictions)
+        if cache.memory_bytes > memory:  # the summary's memory and capacity are those of one cache
+            memory, capacity = cache.memory_bytes, cache.capacity
         lengths = _generated_lengths(output, prompt_len, eos_ids)
         # What a full cache would hold at the end of this batch: every row at the padded length.
         full_bytes = max(full_bytes, _full_cache_bytes(model, prompt_len + max(lengths), len(batch_records)))
@@ -282,7 +331,7 @@ def _generate_with_model(args, config, records, batch_size: int, sink, device, d
 
     summary = {
         "model": label, "policy": config.policy, "budget": config.budget, "window": config.window,
-        "capacity": cache.capacity, "prompts": len(records), "prompt_tokens": prompt_tokens,
+        "capacity": capacity, "prompts": len(records), "prompt_tokens": prompt_tokens,
         "tokens_generated": generated, "seconds": round(total_seconds, 4),
         "tokens_per_second": round(generated / max(total_seconds, 1e-9), 2), "evictions_per_layer": evictions,
         "kv_memory_bytes": memory, "full_cache_bytes": full_bytes, "sampling": sampling,
