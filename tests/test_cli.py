@@ -37,6 +37,16 @@ def test_generate_on_builtin_testbed_compares_full_cache_and_policy(capsys, monk
     assert f"budget {compression_budget(4)} + window 16 (4.0x)" in _row(out, "cache")
 
 
+def test_the_testbed_view_of_a_budget_past_the_sequence_and_a_short_trace(capsys, monkeypatch):
+    from vase_triton.testbed.harness import SEQUENCE_TOKENS
+
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    assert main(["generate", "--budget", "100000", "--max-new-tokens", "5"]) == 0
+    out = capsys.readouterr().out
+    assert f"  budget 100000 + window 16 (holds all {SEQUENCE_TOKENS})" in _row(out, "cache")  # columns apart
+    assert "full cache: 0:a 1 1:b 1 2:c" in out.splitlines()  # 5 words, shown once
+
+
 def test_generate_on_builtin_testbed_picks_the_problem_of_a_large_seed_cheaply(capsys, monkeypatch):
     from vase_triton.testbed import demo
 
@@ -143,6 +153,7 @@ def test_invalid_config_and_missing_model_are_one_line_errors(tmp_path, capsys, 
     one_line_error(capsys, ["generate", "--budget", "8", "--window", "8"], "--budget: expected budget > window")
     one_line_error(capsys, ["generate", "--model", str(tmp_path / "missing-model")], "no such directory")
     one_line_error(capsys, ["generate", "--model", "./models/qwen"], "no such directory: ./models/qwen")
+    one_line_error(capsys, ["generate", "--model", ""], "--model: expected a transformers model directory or a hub id; got ''")
     monkeypatch.setattr("vase_triton.commands.common.hub_reachable", lambda timeout=3.0: False)
     one_line_error(capsys, ["generate", "--model", "no-such-model-anywhere"], "the hub is unreachable")
     (tmp_path / "empty").mkdir()

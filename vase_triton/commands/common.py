@@ -225,6 +225,8 @@ def _looks_like_a_path(name: str) -> bool:
 def locate_model(name: str) -> tuple[str, bool]:
     """`(name, local)`: a local directory (`~` expanded), or `name` as a hub id; a one-line
     `CommandError` for a file or a path that does not exist."""
+    if not name.strip():
+        raise CommandError(f"--model: expected a transformers model directory or a hub id; got {name!r}")
     path = Path(name).expanduser()
     if path.is_file():
         raise CommandError(f"--model: {name} is a file; expected a transformers model directory or a hub id")

@@ -34,6 +34,15 @@ def trace_verdict(output: str, reference: str) -> str:
     return "steps right, the ending differs"
 
 
+def _cache_label(config: VaSEConfig) -> str:
+    """`all tokens`, or the budget, window and compression of a problem's sequence."""
+    if config.policy == "full":
+        return "all tokens"
+    if config.budget >= SEQUENCE_TOKENS:
+        return f"budget {config.budget} + window {config.window} (holds all {SEQUENCE_TOKENS})"
+    return f"budget {config.budget} + window {config.window} ({SEQUENCE_TOKENS / config.budget:.1f}x)"
+
+
 def side_by_side(config: VaSEConfig, *, problem_index: int, max_new_tokens: int, device, dtype: torch.dtype) -> None:
     """Solve held-out problem `problem_index < DEMO_PROBLEMS` with the full cache and with `config`; print both."""
     if not 0 <= problem_index < DEMO_PROBLEMS:
@@ -62,12 +71,9 @@ def side_by_side(config: VaSEConfig, *, problem_index: int, max_new_tokens: int,
     print(f"question: {' '.join(words[:12])} ... {' '.join(words[-6:])}")
     print(f"expected answer: {problem.answer} after {len(reads)} steps")
     print("")
-    print(f"{'':18}" + "".join(f"{label:>32}" for label, *_ in results))
     rows = {
-        "cache": [
-            "all tokens" if c.policy == "full" else f"budget {c.budget} + window {c.window} ({SEQUENCE_TOKENS / c.budget:.1f}x)"
-            for _, c, *_ in results
-        ],
+        "": [label for label, *_ in results],
+        "cache": [_cache_label(c) for _, c, *_ in results],
         "answer": [
             "none" if answer is None else f"{answer} ({'right' if answer == problem.answer else 'wrong'})"
             for _, _, _, answer, *_ in results
@@ -76,9 +82,11 @@ def side_by_side(config: VaSEConfig, *, problem_index: int, max_new_tokens: int,
         "KV memory": [format_bytes(kv) for *_, kv in results],
         "evictions": [f"{ev} per layer" for *_, ev, _ in results],
     }
+    width = max(32, *(len(value) + 2 for values in rows.values() for value in values))
     for name, values in rows.items():
-        print(f"{name:18}" + "".join(f"{value:>32}" for value in values))
+        print(f"{name:18}" + "".join(f"{value:>{width}}" for value in values))
     print("")
     for label, _, text, *_ in results:
-        steps = text.split()
-        print(f"{label}: {' '.join(steps[:8])} ... {' '.join(steps[-6:])}")
+        words = text.split()
+        shown = " ".join(words) if len(words) <= 14 else f"{' '.join(words[:8])} ... {' '.join(words[-6:])}"
+        print(f"{label}: {shown}")
