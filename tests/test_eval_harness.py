@@ -238,8 +238,10 @@ def test_bad_eval_arguments_exit_with_status_2(argv, fragment, capsys):
         (["eval", "--tasks", "aime99"], "--tasks"),
         (["eval", "--budgets", "10"], "budget"),
         (["eval", "--model", "some/model"], "--out"),
+        (["eval", "--policies", "full", "--budgets", "10"], "--budgets: only the evicting policies use it"),
+        (["eval", "--policies", "full", "--window", "5000"], "--window: only the evicting policies use it"),
     ],
-    ids=["unknown-task", "budget-below-window", "model-without-out"],
+    ids=["unknown-task", "budget-below-window", "model-without-out", "budgets-of-full-alone", "window-of-full-alone"],
 )
 def test_bad_eval_inputs_return_status_1(argv, fragment, capsys):
     assert main(argv) == 1

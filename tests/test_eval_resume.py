@@ -263,15 +263,18 @@ def test_the_weights_digest_follows_the_weights_not_the_object():
     assert weights_digest(offloaded) == weights_digest(offloaded) != weights_digest(model)
 
 
-def test_the_full_cache_is_checked_only_at_the_budget_it_runs_with(tmp_path, capsys):
-    """`full` runs once, at the largest budget: a budget too small for an evicting cache is no
-    reason to refuse it, and is still refused for a policy that would run at it."""
-    rest = ["--max-new-tokens", "6", "--no-progress", "--problems", "2", "--budgets", "10,41"]
+def test_the_full_cache_takes_no_budget(tmp_path, capsys):
+    """`full` runs once, without a budget or window: budgets are checked for the policies that run at
+    them, and refused when `full` runs alone (they would be ignored)."""
+    rest = ["--max-new-tokens", "6", "--no-progress", "--problems", "2"]
     assert main(["eval", "--policies", "full", *rest, "--out", str(tmp_path / "full")]) == 0
     assert {record["budget"] for record in _records(tmp_path / "full")} == {None}
     capsys.readouterr()
-    assert main(["eval", "--policies", "full,vase", *rest, "--out", str(tmp_path / "vase")]) == 1
+    assert main(["eval", "--policies", "full", *rest, "--budgets", "10,41", "--out", str(tmp_path / "f2")]) == 1
+    assert "--budgets: only the evicting policies use it" in _one_line_error(capsys)
+    assert main(["eval", "--policies", "full,vase", *rest, "--budgets", "10,41", "--out", str(tmp_path / "vase")]) == 1
     assert "--budgets: 10 with 'vase': budget: expected budget > window" in _one_line_error(capsys)
+    assert not (tmp_path / "f2").exists() and not (tmp_path / "vase").exists()
 
 
 def test_answers_that_timed_out_in_grading_are_counted_in_a_note(tmp_path, capsys, monkeypatch):

@@ -46,17 +46,17 @@ def test_authors_order_keeps_the_same_tokens_in_another_order(monkeypatch):
 
 def test_configuration_and_shared_projection_switches():
     settings = EvalSettings(model="testbed", max_new_tokens=8, batch_size=1, window=4, seed=0, sampling={})
-    assert Run("vase", 16).config(settings, 0, 16).resolved_n_protect == 4  # budget // 4
-    assert Run("snapkv", 16).config(settings, 0, 16).resolved_n_protect == 0
+    assert Run("vase", 16).config(settings, 0).resolved_n_protect == 4  # budget // 4
+    assert Run("snapkv", 16).config(settings, 0).resolved_n_protect == 0
     with configured(protect_values=False):
-        assert Run("vase", 16).config(settings, 0, 16).resolved_n_protect == 0
+        assert Run("vase", 16).config(settings, 0).resolved_n_protect == 0
     with configured(protect_values=True):
-        assert Run("snapkv", 16).config(settings, 0, 16).resolved_n_protect == 4
-    shipped = Run("rkv", 16).config(settings, 0, 16)
+        assert Run("snapkv", 16).config(settings, 0).resolved_n_protect == 4
+    shipped = Run("rkv", 16).config(settings, 0)
     with configured(n_sink=0, rkv_lambda=0.5):
-        switched = Run("rkv", 16).config(settings, 0, 16)
+        switched = Run("rkv", 16).config(settings, 0)
     assert (shipped.n_sink, shipped.rkv_lambda, switched.n_sink, switched.rkv_lambda) == (4, 0.1, 0, 0.5)
-    assert Run("rkv", 16).config(settings, 0, 16) == shipped  # the switch is undone on exit
+    assert Run("rkv", 16).config(settings, 0) == shipped  # the switch is undone on exit
     drawn = torch.randn(2, 3, 8, 4)
     shared = shared_projection(lambda: drawn)()
     assert torch.equal(shared, drawn[:, :1].expand(2, 3, 8, 4))

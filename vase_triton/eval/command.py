@@ -149,9 +149,15 @@ def run_eval_command(args) -> int:
     check_backend(device)
     dtype = resolve_dtype(args.dtype, device)
     plan = _testbed_plan(args) if args.model is None else _model_plan(args)
+    if all(policy == FULL for policy in args.policies):
+        for option, given in (("--budgets", args.budgets), ("--window", args.window)):
+            if given is not None:
+                raise CommandError(f"{option}: only the evicting policies use it, and --policies runs 'full' alone; "
+                                   f"drop {option}")
     for policy in args.policies:
-        # The configurations that will run: the full cache once, at the largest budget (`runner.Run.config`).
-        for budget in [max(plan.budgets)] if policy == FULL else plan.budgets:
+        if policy == FULL:  # no budget or window (`runner.Run.config`)
+            continue
+        for budget in plan.budgets:
             try:
                 VaSEConfig(policy=policy, budget=budget, window=plan.window, score_mode=args.score_mode)
             except (ValueError, TypeError) as error:

@@ -75,11 +75,12 @@ class Run:
     policy: str
     budget: Optional[int]
 
-    def config(self, settings: EvalSettings, seed: int, largest_budget: int) -> VaSEConfig:
-        """The cache configuration; the full cache ignores its budget (sized by the generation instead)."""
-        budget = self.budget if self.budget is not None else largest_budget
+    def config(self, settings: EvalSettings, seed: int) -> VaSEConfig:
+        """The cache configuration; the full cache takes no budget or window (it is sized by the generation)."""
+        if self.budget is None:
+            return VaSEConfig(policy=self.policy, seed=seed, score_mode=settings.score_mode)
         return VaSEConfig(
-            policy=self.policy, budget=budget, window=settings.window, seed=seed, score_mode=settings.score_mode
+            policy=self.policy, budget=self.budget, window=settings.window, seed=seed, score_mode=settings.score_mode
         )
 
 
@@ -332,7 +333,6 @@ def run_eval(
     runs = plan_runs(policies, budgets)
     work = list(pending_work(problems_by_task, runs, samples, settings.batch_size, done))
     total = sum(len(problems) for problems in problems_by_task.values()) * samples * len(runs)
-    largest_budget = max(budgets)
     eos_ids = _eos_ids(model, tokenizer)
     bar = _progress_bar(total, total - sum(len(batch) for *_, batch in work), progress)
     verifier = Verifier()
@@ -340,7 +340,7 @@ def run_eval(
         for task, run, batch_index, batch in work:
             bar.set_description(f"{task} {run.policy} {run.budget or 'full'}")
             seed = batch_seed(settings.seed, task, batch_index)
-            config = run.config(settings, seed, largest_budget)
+            config = run.config(settings, seed)
             prompts = [render_prompt(tokenizer, problem) for problem, _ in batch]
             generated = generate_batch(model, tokenizer, prompts, config, settings, seed)
             lines = []
