@@ -16,19 +16,31 @@ finished, as pytest does when interrupted.
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-PYTEST_OPTIONS = ("-q", "-p", "no:cacheprovider", "-rfEs")
+# `--verbosity` sets the level outright, after any -q / -v in PYTEST_ADDOPTS: the node ids this
+# reads from collection and the summary lines it prints have the layout of -q.
+PYTEST_OPTIONS = ("--verbosity=-1", "-p", "no:cacheprovider", "-rfEs")
 _EXIT_NO_TESTS = 5  # pytest's status when nothing was collected
+# pytest's closing line: "=== 3 passed, 1 skipped in 2.01s ===", "no tests ran in 0.01s" (-q drops the "=").
+_FINAL_LINE = re.compile(r"^=*\s*(\d+ \w+.*|no tests ran) in [\d.]+s")
+
+
+def _child_defaults() -> None:
+    """In a group's process, before pytest starts: SIGINT by default. A shell that starts a script in
+    the background ignores SIGINT in it, and an ignored SIGINT would stay ignored in the groups,
+    which then could not be interrupted."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def collect(files: list[str]) -> list[str]:
     """Node ids of the tests in `files`, in collection order."""
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
+        [sys.executable, "-m", "pytest", "--collect-only", "--verbosity=-1", "-p", "no:cacheprovider", *files],
         capture_output=True, text=True,
     )  # fmt: skip
     if result.returncode not in (0, _EXIT_NO_TESTS):
@@ -47,7 +59,7 @@ def summary_lines(log: str) -> list[str]:
     """The short test summary (failures, errors) and the final counts of a pytest log."""
     lines = log.splitlines()
     kept = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
-    counts = [line for line in lines if " passed" in line or " failed" in line or " error" in line]
+    counts = [line for line in lines if _FINAL_LINE.match(line)]
     return kept + counts[-1:]
 
 
@@ -69,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     for group, log in zip(groups, logs):
         with log.open("w") as sink:
             command = [sys.executable, "-m", "pytest", *PYTEST_OPTIONS, *group]
-            processes.append(subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT))
+            processes.append(
+                subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, preexec_fn=_child_defaults)
+            )
 
     def forward(signum, frame) -> None:
         for process in processes:
