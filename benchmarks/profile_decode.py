@@ -33,7 +33,6 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, schedule
 from transformers import StoppingCriteria
 
-from benchmarks.bench_end_to_end import METHODS, SETTING
 from benchmarks.decoding import DecodeSetting, Method, StepClock, build_model, prepared
 from vase_triton.commands.common import choice, comma_list, positive_int
 
@@ -141,8 +140,12 @@ def render(results: Sequence[StepProfile], setting: DecodeSetting, device: torch
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    known = {method.name: method for method in METHODS}
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    try:  # the suite reads its VASE_BENCH_* variables as it loads
+        from benchmarks.bench_end_to_end import METHODS, SETTING
+    except ValueError as error:
+        parser.error(str(error))
+    known = {method.name: method for method in METHODS}
     parser.add_argument("--steps", type=positive_int, default=64, help="decode steps timed and profiled (default 64)")
     parser.add_argument("--warmup", type=positive_int, default=8, help="tokens generated before (default 8)")
     parser.add_argument(
@@ -151,6 +154,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )  # fmt: skip
     parser.add_argument("--out", type=Path, help="also write profile.md here")
     args = parser.parse_args(argv)
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out: expected a directory; {args.out} is a file")
     # By default VaSE's methods come first, then the uncompiled full cache: a run cut short
     # still profiles them; the compiled StaticCache, slowest to prepare, comes last.
     order = {"vase": 0, "dynamic": 1, "static": 2}
@@ -165,7 +170,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if device.type == "cpu":
         os.environ["VASE_BACKEND"] = "torch"  # as the end-to-end suite on CPU
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = build_model(SETTING.layout, SETTING.num_layers, device, dtype)
+    try:
+        model = build_model(SETTING.layout, SETTING.num_layers, device, dtype)
+    except ValueError as error:  # VASE_BENCH_CHECKPOINT
+        parser.error(str(error))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
     results: list[StepProfile] = []

@@ -39,6 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vase_triton.cache import VaSECacheLayer  # noqa: E402
+from vase_triton.commands.common import non_negative_int, positive_int  # noqa: E402
 from vase_triton.config import VaSEConfig  # noqa: E402
 
 CAPTURE_NAME = "vase_capture"
@@ -144,7 +145,7 @@ def load(model_name: str, seed: int):
 
     path = Path(model_name)
     if not path.is_dir():
-        raise SystemExit(f"--model: expected 'tiny' or a local checkpoint directory; got {model_name!r}")
+        raise SystemExit(f"--model: expected 'testbed', 'tiny' or a local checkpoint directory; got {model_name!r}")
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = load_causal_lm(path, dtype=torch.float32).eval()
     prompt = "Solve step by step: what is 17 * 23 + 4?"
@@ -152,7 +153,10 @@ def load(model_name: str, seed: int):
 
 
 def summarise(values: list[float], tail: float) -> str:
-    """`mean / quantile(tail) / extreme` of `values` (the minimum for tail < 0.5, else the maximum)."""
+    """`mean / quantile(tail) / extreme` of `values` (the minimum for tail < 0.5, else the maximum);
+    `—` without values (a budget the sequences never filled)."""
+    if not values:
+        return "—"
     tensor = torch.tensor(values, dtype=torch.float64)
     extreme = tensor.min() if tail < 0.5 else tensor.max()
     return f"{float(tensor.mean()):.3f} / {float(tensor.quantile(tail)):.3f} / {float(extreme):.3f}"
@@ -162,12 +166,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="testbed",
                         help="'testbed' (the trained testbed model), 'tiny' (built-in random Qwen3) or a local checkpoint dir")
-    parser.add_argument("--tokens", type=int, default=1200, help="total tokens (prompt + greedy continuation)")
-    parser.add_argument("--budget", type=int, nargs="+", default=[128, 256])
-    parser.add_argument("--window", type=int, default=32)
-    parser.add_argument("--seed", type=int, default=0, help="random model seed, or the first held-out testbed problem")
-    parser.add_argument("--sequences", type=int, default=1, help="sequences (seeds seed, seed + 1, ...) pooled")
+    parser.add_argument("--tokens", type=positive_int, default=1200, help="total tokens (prompt + greedy continuation)")
+    parser.add_argument("--budget", type=positive_int, nargs="+", default=[128, 256])
+    parser.add_argument("--window", type=positive_int, default=32)
+    parser.add_argument("--seed", type=non_negative_int, default=0,
+                        help="random model seed, or the first held-out testbed problem")  # fmt: skip
+    parser.add_argument("--sequences", type=positive_int, default=1, help="sequences (seeds seed, seed + 1, ...) pooled")
     args = parser.parse_args()
+    for budget in args.budget:
+        try:
+            VaSEConfig(policy="snapkv", budget=budget, window=args.window)
+        except ValueError as error:
+            parser.error(f"--budget: {budget} with --window {args.window}: {error}")
     runs = []
     for seed in range(args.seed, args.seed + args.sequences):
         model, input_ids = load(args.model, seed)

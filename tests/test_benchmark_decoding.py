@@ -4,14 +4,20 @@ method before its first checkpoint and lost the whole curve)."""
 
 from __future__ import annotations
 
+import os
 import statistics
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
 
 from benchmarks import decoding
 from benchmarks.decoding import StepClock, curve
+
+REPO = Path(__file__).resolve().parents[1]
 
 PROMPT = 5
 BATCH = 2
@@ -79,9 +85,9 @@ def test_decode_profile_counts_each_steps_operations(tmp_path):
     """On the smoke setting every decode step runs each linear layer once (7 per layer and the
     LM head: one matrix product each), and nothing of the prefill is counted."""
     from benchmarks import profile_decode
+    from benchmarks.bench_end_to_end import SETTING as setting
     from benchmarks.decoding import HF_DYNAMIC, build_model
 
-    setting = profile_decode.SETTING
     model = build_model(setting.layout, setting.num_layers, torch.device("cpu"), torch.float32)
     result = profile_decode.profile_method(model, HF_DYNAMIC, setting, torch.device("cpu"), steps=4, warmup=2)
 
@@ -92,6 +98,26 @@ def test_decode_profile_counts_each_steps_operations(tmp_path):
     assert "| hf-dynamic |" in text and "not a measurement" in text
     row = next(line for line in text.splitlines() if line.startswith("| hf-dynamic |"))
     assert row.rstrip().endswith("| — | — |")  # no device time and no CUDA graphs on CPU
+
+
+@pytest.mark.parametrize(
+    "environment, argv, message",
+    [({"VASE_BENCH_PROFILE": "bogus"}, [], "VASE_BENCH_PROFILE: expected one of"),
+     ({"VASE_BENCH_DECODE_SECONDS": "abc"}, ["--help"], "VASE_BENCH_DECODE_SECONDS: expected"),
+     ({"VASE_BENCH_CHECKPOINT": "/nonexistent"}, [], "VASE_BENCH_CHECKPOINT: expected a local model directory"),
+     ({}, ["--out", "{file}"], "--out: expected a directory; {file} is a file")],
+    ids=["profile", "time-limit", "checkpoint", "out-a-file"],
+)  # fmt: skip
+def test_decode_profile_refuses_its_settings_in_one_line(tmp_path, environment, argv, message):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.profile_decode", *(arg.format(file=a_file) for arg in argv)],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **environment}, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") <= 3 and message.format(file=a_file) in result.stderr.splitlines()[-1]
 
 
 def test_decode_profile_counts_each_kernel_once_on_cuda():
