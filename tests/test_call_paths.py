@@ -535,6 +535,32 @@ def test_a_step_that_fails_after_layers_stored_is_refused_until_reset(model, tok
 
 
 @torch.no_grad()
+def test_a_compiled_step_that_fails_is_refused_until_reset(model, tokenizer):
+    """A compiled decode step's progress is not visible from the host: one that raises (here after
+    every layer stored its token) leaves the cache refused until reset()."""
+    inputs = tokenizer(PROMPTS[:1])
+    vase_triton.patch_qwen3(model, FULL)
+    state = model._vase_patch_state
+    cache = VaSECache.for_model(model, FULL, batch_size=1, max_length=64)
+    first = model(**inputs, cache=cache).logits[:, -1:].argmax(-1)
+    before = _cache_state(cache)
+
+    def interrupted_after_the_layers(**kwargs):
+        state.previous_forward(**kwargs)
+        raise KeyboardInterrupt
+
+    state.compiled_forward = interrupted_after_the_layers
+    with pytest.raises(KeyboardInterrupt):
+        model(input_ids=first, cache=cache)
+    state.compiled_forward = None
+    with pytest.raises(RuntimeError, match="a compiled decode step failed.*call cache.reset"):
+        model(input_ids=first, cache=cache)
+    cache.reset()
+    model(**inputs, cache=cache)
+    assert _cache_state(cache) == before
+
+
+@torch.no_grad()
 def test_padding_inside_a_new_turn_is_refused_in_either_mask_form(model, tokenizer):
     config = VaSEConfig(budget=64, window=8)
     vase_triton.patch_qwen3(model, config)

@@ -396,7 +396,8 @@ class VaSECache(Cache):
         A decode step that ran eagerly and was refused before any layer stored its token is
         taken back whole: the layers' counts return to where they were, so the next step
         runs as this one would have (an eviction that fell due here has run; it is the one
-        the next step would run). A compiled step's progress is not seen from the host.
+        the next step would run). A step that failed after a layer stored, or a compiled step
+        (whose progress the host does not see), leaves the cache refused until `reset()`.
         """
         if self.in_step and self.is_decode_step and ran_eagerly and self._layers_stored == 0:
             for store in self.stores:
@@ -405,6 +406,8 @@ class VaSECache(Cache):
             self._broken = (
                 f"a forward pass failed after {self._layers_stored} of {len(self.stores)} layers stored its tokens"
             )
+        elif self.in_step and not ran_eagerly:
+            self._broken = "a compiled decode step failed, and which layers stored its token is not known"
         self._close_step()
 
     def _close_step(self) -> None:
