@@ -18,6 +18,7 @@ from vase_triton.policies import (
     EvictionInputs,
     Policy,
     dkv_projection,
+    get_policy,
     pooled_candidate_attention,
     policy_importance,
     register_policy,
@@ -220,6 +221,54 @@ def test_a_new_policy_is_one_registry_entry(device, monkeypatch) -> None:
         from vase_triton.policies import _REGISTRY
 
         _REGISTRY.pop("test-small-keys")
+
+
+def test_a_replaced_policy_serves_new_caches_and_refuses_old_ones(monkeypatch) -> None:
+    """`register_policy(..., replace=True)`: a patched generate makes a cache for the new policy
+    (as a fresh model patched with it would), and a cache built before is refused in one line."""
+    import vase_triton
+    from vase_triton.demo_model import ByteTokenizer, tiny_qwen3
+    from vase_triton.integrations.hf_cache import VaSECache
+    from vase_triton.policies import _REGISTRY
+
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+
+    def key_norm(cfg, inputs):
+        return inputs.cache.keys.float().norm(dim=-1) * inputs.candidates
+
+    def attention(cfg, inputs):
+        return inputs.attention * inputs.candidates
+
+    inputs = ByteTokenizer()(["hello world, this is a long prompt here"])
+    settings = dict(max_new_tokens=40, do_sample=False)
+    register_policy(Policy("test-swapped", key_norm, "nothing", stochastic=False, protect_values=False, summary="a"))
+    try:
+        model = tiny_qwen3()
+        vase_triton.patch_qwen3(model, policy="test-swapped", budget=24, window=8)
+        model.generate(**inputs, **settings)
+        old = VaSECache.for_model(model, model._vase_patch_state.config, batch_size=1)
+        # The new one observes the window, which a cache made for the old one does not keep.
+        register_policy(Policy("test-swapped", attention, "window", stochastic=False, protect_values=False,
+                               summary="b"), replace=True)  # fmt: skip
+        swapped = model.generate(**inputs, **settings)
+        fresh = tiny_qwen3()
+        vase_triton.patch_qwen3(fresh, policy="test-swapped", budget=24, window=8)
+        assert torch.equal(swapped, fresh.generate(**inputs, **settings))
+        with pytest.raises(RuntimeError, match="built for policy 'test-swapped' as registered before"):
+            model.generate(**inputs, **settings, cache=old)
+    finally:
+        _REGISTRY.pop("test-swapped")
+
+
+def test_registry_arguments_are_checked() -> None:
+    with pytest.raises(TypeError, match="replace: expected True or False; got 'no'"):
+        register_policy(POLICIES["vase"], replace="no")
+    with pytest.raises(ValueError, match=r"policy: expected one of vase.*; got \['x'\]"):
+        get_policy(["x"])
+    for flag in ("stochastic", "protect_values"):
+        with pytest.raises(ValueError, match=f"{flag}: a policy that never evicts neither samples"):
+            Policy("test-never", None, "nothing", **{"stochastic": False, "protect_values": False, flag: True},
+                   summary="")  # fmt: skip
 
 
 def test_value_protection_is_an_orthogonal_flag() -> None:

@@ -617,11 +617,21 @@ class VaSECacheLayer:
             return tensors.scores / group
         return tensors.scores.clone()
 
+    def check_policy(self) -> None:
+        """Refuse a layer built for a policy that `register_policy(..., replace=True)` has replaced since:
+        its buffers and what it observes were chosen for the policy it was built with."""
+        if self.policy is not self.config.policy_spec:
+            raise RuntimeError(
+                f"cache: built for policy {self.config.policy!r} as registered before register_policy(..., "
+                "replace=True) replaced it; make a new cache"
+            )
+
     def importance(self, tensors: Optional[CacheTensors] = None, *, window_queries: Optional[int] = None) -> torch.Tensor:
         """`[B, Hkv, N]` float32 policy importance of the current state (the next eviction's input).
 
         `window_queries`: as in `observed_attention`.
         """
+        self.check_policy()
         tensors = self.tensors if tensors is None else tensors
         inputs = EvictionInputs(
             cache=tensors, attention=self.observed_attention(tensors, window_queries=window_queries),

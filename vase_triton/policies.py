@@ -81,7 +81,9 @@ class Policy:
     importance: `(config, EvictionInputs) -> [B, Hkv, N]` float32, finite (a NaN ranks as
         the least important), or None for a policy that never evicts (`full`).
     observation: which queries' attention the policy reads (`OBSERVATIONS`).
-    stochastic: keep candidates by Gumbel-top-k sampling (∝ importance) instead of top-k.
+    stochastic: keep candidates by Gumbel-top-k sampling (∝ importance) instead of top-k. The
+        sampling draws by log-importance, so a stochastic policy's importance must be > 0 on
+        the candidates it may keep: one at 0 or below is never drawn while others are.
     protect_values: default of `VaSEConfig.protect_values` (keep the largest value vectors).
     summary: one line describing the policy, shown by the command line's `--policy` help.
     needs_noise: the importance alone cannot rank (e.g. uniform), so the policy is refused
@@ -110,6 +112,11 @@ class Policy:
             raise TypeError(f"summary: expected a string; got {self.summary!r}")
         if self.needs_noise and not self.stochastic:
             raise ValueError(f"needs_noise: only a stochastic policy can need noise; {self.name!r} is not stochastic")
+        if self.importance is None:
+            for flag in ("stochastic", "protect_values"):
+                if getattr(self, flag):
+                    raise ValueError(f"{flag}: a policy that never evicts neither samples nor protects values; "
+                                     f"{self.name!r} sets it")
         if self.importance is None and self.observation != OBSERVE_NOTHING:
             raise ValueError(f"observation: a policy that never evicts observes nothing; got {self.observation!r}")
 
@@ -250,6 +257,8 @@ def register_policy(policy: Policy, *, replace: bool = False) -> Policy:
     """Make `policy` available as `VaSEConfig(policy=policy.name)`; returns it."""
     if not isinstance(policy, Policy):
         raise TypeError(f"policy: expected a vase_triton.policies.Policy; got {type(policy).__name__}")
+    if not isinstance(replace, bool):
+        raise TypeError(f"replace: expected True or False; got {replace!r}")
     if policy.name in _REGISTRY and not replace:
         raise ValueError(f"policy: a policy named {policy.name!r} is already registered (pass replace=True)")
     _REGISTRY[policy.name] = policy
@@ -258,7 +267,7 @@ def register_policy(policy: Policy, *, replace: bool = False) -> Policy:
 
 def get_policy(name: str) -> Policy:
     """The registered policy called `name`."""
-    if name not in _REGISTRY:
+    if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"policy: expected one of {', '.join(_REGISTRY)}; got {name!r}")
     return _REGISTRY[name]
 

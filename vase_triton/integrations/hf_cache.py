@@ -288,7 +288,7 @@ class VaSECache(Cache):
         cache, `reset()`, can serve instead (keeping its buffers' addresses, and so the CUDA graphs
         recorded over them)."""
         wanted = _Layout.of(config, batch_size=batch_size, max_length=max_length, **_model_geometry(model))
-        return wanted == self.layout
+        return wanted == self.layout and all(store.policy is config.policy_spec for store in self.stores)
 
     def check_model(self, model) -> None:
         """Raise unless the buffers were made for `model`'s layer count, KV heads, head dim and
@@ -429,9 +429,12 @@ class VaSECache(Cache):
         return self._mask_placeholders[device]
 
     def check_usable(self) -> None:
-        """Refuse a cache whose layers disagree on what they hold (a step failed after some of them stored)."""
+        """Refuse a cache whose layers disagree on what they hold (a step failed after some of them stored),
+        or that was built for a policy replaced since."""
         if self._broken is not None:
             raise RuntimeError(f"cache: {self._broken}, so its layers disagree; call cache.reset() or make a new cache")
+        if self.stores:
+            self.stores[0].check_policy()  # the layers share one config
 
     def check_mask_layout(self, num_tokens: int, attention_mask: object) -> None:
         """A mask must be 2D `[B, T]` or `[B, seen + T]`: the cache reads padding from it and masks itself."""
