@@ -342,3 +342,29 @@ def test_run_eval_takes_the_demo_model_and_byte_tokenizer(tmp_path, cpu_referenc
         new = expected[0, prompt["input_ids"].shape[1]:].tolist()
         new = new[: new.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in new else new
         assert outputs[problem.id] == tokenizer.decode(new)
+
+
+def test_a_trace_with_a_dropped_special_token_is_not_exact():
+    """The output text drops special tokens; the whole-trace match does not: a `<pad>` or `<unk>` the
+    model wrote between the reference's words makes the trace differ, its final EOS does not."""
+    from vase_triton.eval.runner import EvalSettings, Run, _records
+    from vase_triton.eval.verifier import Verifier
+    from vase_triton.testbed.harness import testbed_problems
+    from vase_triton.testbed.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    problem = testbed_problems(1)[0]
+    reference = tokenizer(problem.reference, add_special_tokens=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    settings = EvalSettings(model="testbed", max_new_tokens=300, batch_size=1, window=16, seed=0,
+                            sampling={"do_sample": False})  # fmt: skip
+
+    def exact(ids):
+        with Verifier() as verifier:
+            (record,) = _records([(problem, 0)], ["prompt"], Run("full", None), settings, 0, 0,
+                                 ([ids], [5], 0, 0, 0.1), tokenizer, {eos}, verifier)  # fmt: skip
+        return record["trace_exact"], record["correct"]
+
+    assert exact(reference + [eos]) == (True, True)
+    for special in (tokenizer.pad_token_id, tokenizer.unk_token_id):
+        assert exact(reference[:10] + [special] + reference[10:] + [eos]) == (False, True)

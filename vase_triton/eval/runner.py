@@ -291,6 +291,9 @@ def _records(
     new_ids, prompt_lengths, evictions, kv_bytes, seconds = generated
     for (problem, sample), prompt, ids, prompt_length in zip(batch, prompts, new_ids, prompt_lengths):
         text = tokenizer.decode(ids, skip_special_tokens=True)
+        finished = bool(ids) and ids[-1] in eos_ids
+        # A whole trace is exact only with no token between its words that the output text drops.
+        trace = tokenizer.decode(ids[:-1] if finished else ids, skip_special_tokens=False)
         answer = extract_answer(text, reasoning_open=opens_reasoning(prompt))
         verdict = grade(
             answer, problem.answer, verifier=verifier, choices=problem.choices, timeout_s=settings.grading_timeout_s
@@ -299,9 +302,9 @@ def _records(
             "task": problem.task, "id": problem.id, "policy": run.policy, "budget": run.budget,
             "window": settings.window, "sample": sample, "seed": seed, "batch": batch_index,
             "batch_rows": len(batch), "prompt_tokens": int(prompt_length), "output_tokens": len(ids),
-            "finished": bool(ids) and ids[-1] in eos_ids, "evictions": evictions, "kv_bytes": kv_bytes,
+            "finished": finished, "evictions": evictions, "kv_bytes": kv_bytes,
             "answer": answer, "gold": problem.answer, "correct": verdict.correct, "grading": verdict.method,
-            "trace_exact": None if problem.reference is None else text.strip() == problem.reference.strip(),
+            "trace_exact": None if problem.reference is None else trace.strip() == problem.reference.strip(),
             "seconds": round(seconds, 4), "output": text,
         }
 
