@@ -268,7 +268,8 @@ def register_policy(policy: Policy, *, replace: bool = False) -> Policy:
 def get_policy(name: str) -> Policy:
     """The registered policy called `name`."""
     if not isinstance(name, str) or name not in _REGISTRY:
-        raise ValueError(f"policy: expected one of {', '.join(_REGISTRY)}; got {name!r}")
+        raise ValueError(f"policy: expected one of {', '.join(_REGISTRY)}; got {name!r} (a policy of your own is "
+                         "known once register_policy has run in this process)")
     return _REGISTRY[name]
 
 
