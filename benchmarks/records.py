@@ -117,6 +117,13 @@ class Record:
         relative = self.relative_to
         _check("relative_to", relative is None or (len(relative) == 4 and all(isinstance(p, str) for p in relative)),
                "(suite, kernel, provider, shape) or None", relative)  # fmt: skip
+        # The details the report reads: the timing label, and an end-to-end step's weight bytes and batch.
+        if "timing" in self.details:
+            _check("details.timing", isinstance(self.details["timing"], str), "a string", self.details["timing"])
+        for name in ("weight_bytes", "batch"):
+            value = self.details.get(name)
+            _check(f"details.{name}", value is None or (is_count(value) and value > 0), "a positive count or null",
+                   value)  # fmt: skip
 
     @property
     def key(self) -> tuple[str, str, str, str]:

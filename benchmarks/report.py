@@ -192,13 +192,6 @@ def _row(run: Run, bench: dict) -> Row:
     """One benchmark's row. A NaN, infinite, zero or negative median is no timing (untimed); a NaN
     or negative IQR, or a non-finite sample, leaves the IQR or the percentiles absent."""
     record = Record.from_extra_info(bench["extra_info"])
-    details = record.details
-    if "timing" in details and not isinstance(details["timing"], str):
-        raise ValueError(f"details.timing: expected a string; got {details['timing']!r}")
-    for name in ("weight_bytes", "batch"):
-        value = details.get(name)
-        if value is not None and not (is_count(value) and value > 0):
-            raise ValueError(f"details.{name}: expected a positive count or null; got {value!r}")
     stats = bench.get("stats")
     if not stats:
         return Row(run, record, None, None, None, None, 0)

@@ -288,7 +288,7 @@ class VaSECache(Cache):
         cache, `reset()`, can serve instead (keeping its buffers' addresses, and so the CUDA graphs
         recorded over them)."""
         wanted = _Layout.of(config, batch_size=batch_size, max_length=max_length, **_model_geometry(model))
-        return wanted == self.layout and all(store.policy is config.policy_spec for store in self.stores)
+        return wanted == self.layout and self.stores[0].policy is config.policy_spec  # one config for all layers
 
     def check_model(self, model) -> None:
         """Raise unless the buffers were made for `model`'s layer count, KV heads, head dim and

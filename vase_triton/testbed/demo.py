@@ -20,18 +20,15 @@ def trace_verdict(output: str, reference: str) -> str:
     """`exact`; the step of the first word that differs from the reference trace; or, when every
     step is right, that the closing words (`</think>`, the answer) differ."""
     produced, expected = output.split(), reference.split()
-    steps_end = expected.index(END_THINK) if END_THINK in expected else len(expected)
-    for index, (got, want) in enumerate(zip(produced, expected)):
-        if got != want:
-            if index >= steps_end:
-                break
-            return f"wrong from step {sum(word in STEP_WORDS for word in expected[: index + 1]) - 1}"
-    else:
-        if len(produced) == len(expected):
-            return "exact"
-        if min(len(produced), len(expected)) < steps_end:
-            return f"{len(produced)} words, {len(expected)} expected"
-    return "steps right, the ending differs"
+    if produced == expected:
+        return "exact"
+    shorter = min(len(produced), len(expected))
+    first_difference = next((i for i in range(shorter) if produced[i] != expected[i]), shorter)
+    if first_difference >= (expected.index(END_THINK) if END_THINK in expected else len(expected)):
+        return "steps right, the ending differs"
+    if first_difference == shorter:  # one is the other cut short within the steps
+        return f"{len(produced)} words, {len(expected)} expected"
+    return f"wrong from step {sum(word in STEP_WORDS for word in expected[: first_difference + 1]) - 1}"
 
 
 def _cache_label(config: VaSEConfig) -> str:
