@@ -72,6 +72,8 @@ Q_HEADS = 32
 KV_HEADS = 8
 SCORE_WINDOW = 64
 DECODE_BATCH = 16
+# Decode attention also at batch 1, where the most splits per row meet in the combine stage.
+DECODE_BATCHES = (DECODE_BATCH, 1)
 CAPACITY = 4160
 BUDGET = 4096
 LARGEST_BUDGET = 8192  # the benchmarks' largest: its decode-time selection still holds the candidates in registers
@@ -172,21 +174,21 @@ def prefill_launches(dtype: torch.dtype, head_dim: int, ragged: bool) -> list[La
     return launches
 
 
-def _production_splits(head_dim: int, dtype: torch.dtype) -> int:
+def _production_splits(batch: int, head_dim: int, dtype: torch.dtype) -> int:
     """The decode launcher's split count on a CUDA device with `MULTIPROCESSORS` SMs."""
     with mock.patch.object(decode_attention, "_multiprocessor_count", lambda index: MULTIPROCESSORS):
         block_n = decode_attention._decode_config(head_dim, dtype).block_n
-        return decode_attention._num_splits(DECODE_BATCH, KV_HEADS, CAPACITY, block_n, torch.device("cuda", 0))
+        return decode_attention._num_splits(batch, KV_HEADS, CAPACITY, block_n, torch.device("cuda", 0))
 
 
-def decode_launches(dtype: torch.dtype, head_dim: int, emit_scores: bool) -> list[Launch]:
-    """One decode step of 16 sequences over a 4160-slot cache."""
-    q = _meta(DECODE_BATCH, Q_HEADS, 1, head_dim, dtype=dtype)
-    k_cache = _meta(DECODE_BATCH, KV_HEADS, CAPACITY, head_dim, dtype=dtype)
-    v_cache = _meta(DECODE_BATCH, KV_HEADS, CAPACITY, head_dim, dtype=dtype)
-    cache_lens = _meta(DECODE_BATCH, dtype=torch.int32)
-    scores = _meta(DECODE_BATCH, KV_HEADS, CAPACITY, dtype=torch.float32) if emit_scores else None
-    splits = _production_splits(head_dim, dtype)
+def decode_launches(dtype: torch.dtype, head_dim: int, emit_scores: bool, batch: int) -> list[Launch]:
+    """One decode step of `batch` sequences over a 4160-slot cache."""
+    q = _meta(batch, Q_HEADS, 1, head_dim, dtype=dtype)
+    k_cache = _meta(batch, KV_HEADS, CAPACITY, head_dim, dtype=dtype)
+    v_cache = _meta(batch, KV_HEADS, CAPACITY, head_dim, dtype=dtype)
+    cache_lens = _meta(batch, dtype=torch.int32)
+    scores = _meta(batch, KV_HEADS, CAPACITY, dtype=torch.float32) if emit_scores else None
+    splits = _production_splits(batch, head_dim, dtype)
     with recorded(decode_attention, "_decode_partial_kernel", "_decode_combine_kernel") as launches:
         decode_attention.decode_attention_triton(
             q, k_cache, v_cache, cache_lens, head_dim**-0.5, scores, num_splits=splits
@@ -335,7 +337,11 @@ def ptxas_usage(log: str) -> tuple[Optional[int], Optional[int], Optional[int]]:
     )
 
 
-_BLOCK_NAMES = ("BLOCK_M", "BLOCK_N", "BLOCK_G", "BLOCK_S", "BLOCK_R", "BLOCK_D", "BLOCK_H", "BLOCK_T")
+# Tile-size constexprs and their labels in the `blocks` column.
+_BLOCK_LABELS = {
+    "BLOCK_M": "M", "BLOCK_N": "N", "BLOCK_G": "G", "BLOCK_S": "S", "BLOCK_R": "R", "BLOCK_D": "D", "BLOCK_H": "H",
+    "BLOCK_T": "T", "SPLIT_TILE": "tile",
+}  # fmt: skip
 
 
 def audit(launch: Launch, case: str) -> Audit:
@@ -352,7 +358,7 @@ def audit(launch: Launch, case: str) -> Audit:
             source, target=triton.backends.compiler.GPUTarget("cuda", CAPABILITY, 32), options=options
         )
     registers, spill_stores, spill_loads = ptxas_usage(log.getvalue())
-    blocks = " ".join(f"{name[6:]}{constexprs[name]}" for name in _BLOCK_NAMES if name in constexprs)
+    blocks = " ".join(f"{label}{constexprs[name]}" for name, label in _BLOCK_LABELS.items() if name in constexprs)
     return Audit(
         kernel=launch.kernel.__name__,
         case=case,
@@ -384,12 +390,13 @@ def cases() -> Iterator[tuple[str, list[Launch]]]:
                     f"D{head_dim} {name}{' kv_lens' if ragged else ''}",
                     prefill_launches(dtype, head_dim, ragged),
                 )
-        for head_dim in ATTENTION_HEAD_DIMS:
-            for emit in (True, False):
-                yield (
-                    f"decode B{DECODE_BATCH} C{CAPACITY} D{head_dim} {name} scores={'on' if emit else 'off'}",
-                    decode_launches(dtype, head_dim, emit),
-                )
+        for batch in DECODE_BATCHES:
+            for head_dim in ATTENTION_HEAD_DIMS:
+                for emit in (True, False):
+                    yield (
+                        f"decode B{batch} C{CAPACITY} D{head_dim} {name} scores={'on' if emit else 'off'}",
+                        decode_launches(dtype, head_dim, emit, batch),
+                    )
         for head_dim in CACHE_HEAD_DIMS:
             for stochastic, keep_scores in ((True, False), (False, True)):
                 yield (

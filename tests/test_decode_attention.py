@@ -62,6 +62,9 @@ CASES = [
     Case(5, 1, 111, 64, torch.bfloat16, (63, 111), None),
     Case(12, 2, 63, 32, torch.float32, (1, 63), 2),
     Case(14, 2, 257, 32, torch.float32, (129, 257), 5),
+    # 12 splits, which the combine stage reads 4 at a time at group 8 and D = 256: three tiles,
+    # the second row's last splits and all but the first of the third's past their lengths.
+    Case(16, 2, 1500, 256, torch.bfloat16, (1500, 700, 1), 12),
 ]
 
 

@@ -41,7 +41,13 @@ from vase_triton.autotune.shapes import (
     SimilarityShape,
 )
 from vase_triton.kernels.cache_append import AppendConfig, append_heuristic
-from vase_triton.kernels.decode_attention import CombineConfig, DecodeConfig, combine_heuristic, decode_heuristic
+from vase_triton.kernels.decode_attention import (
+    COMBINE_TILE_REGISTERS,
+    CombineConfig,
+    DecodeConfig,
+    combine_heuristic,
+    decode_heuristic,
+)
 from vase_triton.kernels.eviction import (
     CompactConfig,
     SelectConfig,
@@ -313,9 +319,9 @@ class DecodeCombineSpace(KernelSpace):
                 yield dict(block_n=block_n, num_warps=num_warps)
 
     def estimate(self, params: dict, shape: DecodeShape) -> Resources:
-        group_rows = max(16, _pow2(shape.q_heads // shape.kv_heads))
+        group_rows = _pow2(shape.q_heads // shape.kv_heads)
         live = (group_rows * shape.head_dim + 2 * group_rows * params["block_n"]) / _threads(params)
-        return Resources(0, int(30 + live))
+        return Resources(0, int(30 + live + COMBINE_TILE_REGISTERS))
 
 
 class AppendSpace(KernelSpace):

@@ -7,9 +7,10 @@ partial output, a partial log-sum-exp and, when scores are requested, the
 scaled logits of its chunk to an fp32 workspace.
 
 Stage 2, `_decode_combine_kernel`, has the same grid: each program rebuilds the
-group's global log-sum-exp from the partials; split 0 writes the combined output
-and every split adds `exp(logit - lse)`, summed over the group, into the score
-buffer for the valid slots of its chunk. Slots at or past `cache_lens[b]` are
+group's global log-sum-exp from the partials; split 0 writes the combined output,
+reading the partials several splits at a time, and every split adds
+`exp(logit - lse)`, summed over the group, into the score buffer for the valid
+slots of its chunk. Slots at or past `cache_lens[b]` are
 never read and never written. Log-sum-exps and logits are kept in base 2.
 """
 
@@ -30,6 +31,10 @@ from vase_triton.kernels.online_softmax import online_softmax_step
 _LOG2E = 1.4426950408889634
 _MIN_GROUP_ROWS = 16
 _MAX_SPLITS = 128
+# fp32 partial-output elements a thread of the combine stage holds per step of its loop over
+# splits: the tile of `[group, splits, D]` it loads at once. One split a step put B = 1 at
+# C = 4160 (65 splits) through 65 loads one after another.
+COMBINE_TILE_REGISTERS = 16
 
 
 @triton.jit
@@ -155,6 +160,7 @@ def _decode_combine_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    SPLIT_TILE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     EMIT_SCORES: tl.constexpr,
 ):
@@ -183,13 +189,22 @@ def _decode_combine_kernel(
     lse_safe = tl.where(seen, lse, 0.0)
 
     if split == 0:
+        # The partial outputs are read SPLIT_TILE splits at a time, so that a tile's loads are
+        # in flight together; splits past the sequence's length hold nothing and are not read.
+        cache_len = tl.load(cache_lens_ptr + batch).to(tl.int32)
+        offs_t = tl.arange(0, SPLIT_TILE)  # [SPLIT_TILE]
         acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
-        for s in range(0, num_splits):
-            weight = tl.exp2(tl.load(part_lse_ptr + part_rows + s, mask=row_valid, other=float("-inf")) - lse_safe)
+        for first in range(0, num_splits, SPLIT_TILE):
+            splits = first + offs_t  # [SPLIT_TILE]
+            tile_mask = row_valid[:, None] & ((splits < num_splits) & (splits * chunk < cache_len))[None, :]
+            tile_rows = part_rows[:, None] + splits[None, :]  # [BLOCK_G, SPLIT_TILE]
+            weight = tl.exp2(tl.load(part_lse_ptr + tile_rows, mask=tile_mask, other=float("-inf")) - lse_safe[:, None])
             part = tl.load(
-                part_out_ptr + (part_rows[:, None] + s) * HEAD_DIM + offs_d[None, :], mask=row_valid[:, None], other=0.0
-            )  # [BLOCK_G, HEAD_DIM]
-            acc += weight[:, None] * part
+                part_out_ptr + tile_rows[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+                mask=tile_mask[:, :, None],
+                other=0.0,
+            )  # [BLOCK_G, SPLIT_TILE, HEAD_DIM]
+            acc += tl.sum(weight[:, :, None] * part, axis=1)
         tl.store(
             out_ptr + batch * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
             acc.to(out_ptr.dtype.element_ty),
@@ -277,6 +292,13 @@ def decode_heuristic(shape: DecodeShape, device: torch.device, multiprocessors: 
 def combine_heuristic(shape: DecodeShape) -> CombineConfig:
     """The combine launch chosen without tuning: 4 warps, score blocks of 64 slots (128 interpreted)."""
     return CombineConfig(128 if interpreter_enabled() else 64, 4)
+
+
+def _combine_split_tile(group_rows: int, head_dim: int, split_blocks: int, num_warps: int) -> int:
+    """Splits the combine stage reads at once: a power of two, at most `split_blocks`, whose
+    `[group_rows, splits, head_dim]` tile is `COMBINE_TILE_REGISTERS` a thread."""
+    fitting = COMBINE_TILE_REGISTERS * 32 * num_warps // (group_rows * head_dim)
+    return min(split_blocks, 1 << (max(1, fitting).bit_length() - 1))
 
 
 class DecodeWorkspace(NamedTuple):
@@ -422,11 +444,14 @@ def decode_attention_triton(
         UPCAST=interpreter_enabled(), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+    combine_rows = triton.next_power_of_2(group)  # no tl.dot here: the group unpadded
+    split_blocks = triton.next_power_of_2(num_splits)
     _decode_combine_kernel[grid](
         part_out, part_lse, logits, cache_lens, out, scores_arg,
         q_heads, kv_heads, group, capacity, chunk, num_splits,
         out.stride(0), out.stride(1), scores_arg.stride(0), scores_arg.stride(1),
-        HEAD_DIM=head_dim, BLOCK_G=block_g, BLOCK_S=triton.next_power_of_2(num_splits),
+        HEAD_DIM=head_dim, BLOCK_G=combine_rows, BLOCK_S=split_blocks,
+        SPLIT_TILE=_combine_split_tile(combine_rows, head_dim, split_blocks, combine_config.num_warps),
         BLOCK_N=combine_config.block_n, EMIT_SCORES=emit,
         num_warps=combine_config.num_warps, num_stages=1,
     )  # fmt: skip
