@@ -13,7 +13,7 @@ from vase_triton.eval import grading
 from vase_triton.eval.extraction import choice_letter, extract_answer, last_boxed, opens_reasoning
 from vase_triton.eval.grading import canonical, grade, same_string
 from vase_triton.eval.tasks import gsm8k_gold, shuffled_choices
-from vase_triton.eval.verifier import Verifier
+from vase_triton.eval.verifier import Overrun, Verifier
 
 @pytest.fixture(scope="module")
 def verifier():
@@ -232,6 +232,30 @@ def test_a_verifier_that_cannot_start_says_why(tmp_path, monkeypatch):
     with Verifier() as broken:
         with pytest.raises(RuntimeError, match="did not start .ImportError: math_verify is broken here"):
             broken.verdict("1", "2", timeout_s=60)
+
+
+def test_a_verdict_past_the_memory_limit_is_an_overrun_and_the_process_grades_on(tmp_path, monkeypatch):
+    """A `math_verify` planted first on the child's path allocates 1.5 GiB for one answer: under a
+    1 GiB cap that verdict is `Overrun.MEMORY` (graded wrong, `memory-limit`), the next ones are
+    graded by the same process; without a cap the allocation succeeds."""
+    (tmp_path / "math_verify.py").write_text(
+        "def parse(text, parsing_timeout=None):\n"
+        "    return [text]\n"
+        "def verify(gold, answer, timeout_seconds=None):\n"
+        "    if 'expand' in answer[0]:\n"
+        "        return len(bytearray(3 * 2**29)) > 0\n"
+        "    return gold == answer\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    with Verifier(memory_limit_bytes=2**30) as capped:
+        assert capped.verdict("1", "1", timeout_s=60) is True
+        child = capped._process.pid
+        assert capped.verdict("1", "expand", timeout_s=60) is Overrun.MEMORY
+        assert grade("expand", "1", verifier=capped, timeout_s=60) == grading.Grade(False, "memory-limit")
+        assert capped.verdict("1", "2", timeout_s=60) is False
+        assert capped._process.pid == child
+    with Verifier(memory_limit_bytes=None) as uncapped:
+        assert uncapped.verdict("1", "expand", timeout_s=60) is True
 
 
 def test_the_verifier_process_loads_neither_the_package_nor_torch(tmp_path, monkeypatch):

@@ -277,12 +277,15 @@ def test_the_full_cache_takes_no_budget(tmp_path, capsys):
     assert not (tmp_path / "f2").exists() and not (tmp_path / "vase").exists()
 
 
-def test_answers_that_timed_out_in_grading_are_counted_in_a_note(tmp_path, capsys, monkeypatch):
+def test_answers_that_overran_in_grading_are_counted_in_notes(tmp_path, capsys, monkeypatch):
     from vase_triton.eval import grading, runner
 
-    verdicts = iter([grading.Grade(False, "timeout"), grading.Grade(True, "string")])
+    verdicts = iter(
+        [grading.Grade(False, "timeout"), grading.Grade(True, "string"), grading.Grade(False, "memory-limit")]
+    )
     monkeypatch.setattr(runner, "grade", lambda *args, **kwargs: next(verdicts))
-    assert main(TESTBED + ["--problems", "2", "--out", str(tmp_path / "run")]) == 0
-    assert [record["grading"] for record in _records(tmp_path / "run")] == ["timeout", "string"]
+    assert main(TESTBED + ["--problems", "3", "--out", str(tmp_path / "run")]) == 0
+    assert [record["grading"] for record in _records(tmp_path / "run")] == ["timeout", "string", "memory-limit"]
     err = capsys.readouterr().err
-    assert "note: 1 of 2 answers could not be graded within --grading-timeout 10 s and count as wrong" in err
+    assert "note: 1 of 3 answers could not be graded within --grading-timeout 10 s and count as wrong" in err
+    assert "note: 1 of 3 answers could not be graded within the grading process's 4 GiB and count as wrong" in err

@@ -144,6 +144,7 @@ def run_eval_command(args) -> int:
     from vase_triton.eval.runner import FULL, EvalSettings, RunError, planned_records, run_eval
     from vase_triton.eval.summary import AVERAGE, markdown_table, write_summary
     from vase_triton.eval.tasks import TaskError, load_task, task_label
+    from vase_triton.eval.verifier import MEMORY_LIMIT_BYTES, Overrun
 
     device = resolve_device(args.device)
     check_backend(device)
@@ -218,9 +219,14 @@ def run_eval_command(args) -> int:
     if any(cell.trace_exact is not None for cell in cells):
         print(markdown_table(cells, "trace_exact", "Whole-trace exact match (%)"))
     print(f"results: {results}; summary: {plan.out_dir / written[0]} (+ {', '.join(written[1:])})")
-    timed_out = sum(record["grading"] == "timeout" for record in records)
+    timed_out = sum(record["grading"] == Overrun.TIME.value for record in records)
     if timed_out:
         print(f"note: {timed_out} of {len(records)} answers could not be graded within --grading-timeout "
               f"{args.grading_timeout:g} s and count as wrong (their records say \"grading\": \"timeout\")",
               file=sys.stderr)  # fmt: skip
+    over_memory = sum(record["grading"] == Overrun.MEMORY.value for record in records)
+    if over_memory:
+        print(f"note: {over_memory} of {len(records)} answers could not be graded within the grading process's "
+              f"{MEMORY_LIMIT_BYTES / 2**30:g} GiB and count as wrong (their records say \"grading\": "
+              f"\"memory-limit\")", file=sys.stderr)  # fmt: skip
     return 0

@@ -2,8 +2,8 @@
 
 Multiple choice compares letters. Otherwise a canonical string match decides first
 (cheap, and the fallback when `math-verify` cannot decide), then `math-verify`, run in a
-child process (`verifier.Verifier`) that is killed after `timeout_s` seconds (the answer
-then counts as wrong).
+child process (`verifier.Verifier`) that is killed after `timeout_s` seconds and whose
+memory is capped (an answer that overruns either counts as wrong).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 from typing import Optional, Sequence
 
 from vase_triton.eval.extraction import choice_letter
-from vase_triton.eval.verifier import Verifier
+from vase_triton.eval.verifier import Overrun, Verifier
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -25,7 +25,8 @@ _UNIT_WORDS = (
 
 @dataclasses.dataclass(frozen=True)
 class Grade:
-    """`correct`, and what decided it: `letter`, `string`, `math-verify`, `timeout` or `no-answer`."""
+    """`correct`, and what decided it: `letter`, `string`, `math-verify`, `no-answer`, or the
+    verifier's overrun, `timeout` or `memory-limit` (counted wrong)."""
 
     correct: bool
     method: str
@@ -88,6 +89,6 @@ def grade(
     if decided is not None:  # a unit clash is decided here: math-verify ignores units
         return Grade(decided, "string")
     verdict = verifier.verdict(gold, answer, timeout_s)
-    if verdict is None:
-        return Grade(False, "timeout")
+    if isinstance(verdict, Overrun):
+        return Grade(False, verdict.value)
     return Grade(verdict, "math-verify")

@@ -8,9 +8,14 @@ instead of 3 s and 320 MB per start); it shares no CUDA context or locks with th
 and never re-runs the caller's script. It starts on the first verdict and again after each
 kill; its start-up, mostly imports, is waited for separately and never counts against a
 verdict's time. `math-verify`'s own `signal.alarm` timeouts are off: the kill replaces them.
+The child's address space is capped (`MEMORY_LIMIT_BYTES`, where the platform has
+`setrlimit`): an answer whose evaluation would take more memory fails there with a
+`MemoryError` and is an overrun, instead of driving the machine out of memory (where the
+kernel's out-of-memory killer may pick the process holding the model).
 
-The two talk in JSON lines: `[gold, answer]` in, `true`/`false` out; the child's first line
-is `"ready"` once `math-verify` is imported, or the import error's text.
+The two talk in JSON lines: `[gold, answer]` in, `true`/`false` out (`"memory-limit"` for a
+verdict that ran out of memory); the child's first line is `"ready"` once `math-verify` is
+imported, or the import error's text.
 """
 
 from __future__ import annotations
@@ -22,19 +27,31 @@ import queue
 import subprocess
 import sys
 import threading
+from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 START_TIMEOUT_S = 300.0
+MEMORY_LIMIT_BYTES = 4 * 2**30
 READY = "ready"
 # `python -c` with this file's path as argv[1]: run as a script by path, the file would put its
 # own directory first on sys.path, where the package's modules could shadow ones sympy imports.
 RUN_BY_PATH = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')"
 
 
-def _math_verify(gold: str, answer: str) -> bool:
+class Overrun(Enum):
+    """A verdict that did not finish within the verifier's limits; false, as a wrong answer is."""
+
+    TIME = "timeout"
+    MEMORY = "memory-limit"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+def _math_verify(gold: str, answer: str) -> Union[bool, str]:
     """`verify(parse(gold), parse(answer))`, gold first (the relation is asymmetric); a parse
-    or sympy failure is a wrong answer."""
+    or sympy failure is a wrong answer; running out of memory gives `Overrun.MEMORY.value`."""
     from math_verify import parse, verify
 
     try:
@@ -43,15 +60,27 @@ def _math_verify(gold: str, answer: str) -> bool:
         if not gold_parsed or not answer_parsed:
             return False
         return bool(verify(gold_parsed, answer_parsed, timeout_seconds=None))
+    except MemoryError:
+        return Overrun.MEMORY.value
     except Exception:
         return False
 
 
-def serve() -> None:
-    """The child's loop over stdin until it closes. Anything else printed goes to stderr, so
-    that stdout carries only the replies."""
+def serve(memory_limit_bytes: Optional[int]) -> None:
+    """The child's loop over stdin until it closes, its address space capped at
+    `memory_limit_bytes` (None: not capped). Anything else printed goes to stderr, so that
+    stdout carries only the replies."""
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    if memory_limit_bytes is not None:
+        try:
+            import resource
+        except ImportError:  # no setrlimit on this platform: the time limit alone applies
+            pass
+        else:
+            _, hard = resource.getrlimit(resource.RLIMIT_AS)  # a soft limit may not exceed the hard one
+            soft = memory_limit_bytes if hard == resource.RLIM_INFINITY else min(memory_limit_bytes, hard)
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     try:
         import math_verify
     except Exception as error:
@@ -76,19 +105,24 @@ def _forward(lines, replies: queue.Queue) -> None:
 
 
 class Verifier:
-    """Verdicts of `math-verify` with a hard time limit each.
+    """Verdicts of `math-verify` with a hard time limit each, in a process of capped memory.
 
     Use as a context manager (or call `close`) so the child process ends with the work.
+    `memory_limit_bytes` caps the child's address space (None: no cap).
     """
 
-    def __init__(self, start_timeout_s: float = START_TIMEOUT_S):
+    def __init__(
+        self, start_timeout_s: float = START_TIMEOUT_S, memory_limit_bytes: Optional[int] = MEMORY_LIMIT_BYTES
+    ):
         self.start_timeout_s = start_timeout_s
+        self.memory_limit_bytes = memory_limit_bytes
         self._process: Optional[subprocess.Popen] = None
         self._replies: queue.Queue = queue.Queue()
 
-    def verdict(self, gold: str, answer: str, timeout_s: float) -> Optional[bool]:
-        """Whether `answer` equals `gold` per `math-verify`; None when it takes over `timeout_s`
-        seconds (the child is then killed and the next verdict starts a new one)."""
+    def verdict(self, gold: str, answer: str, timeout_s: float) -> Union[bool, Overrun]:
+        """Whether `answer` equals `gold` per `math-verify`; `Overrun.TIME` when it takes over
+        `timeout_s` seconds (the child is then killed and the next verdict starts a new one),
+        `Overrun.MEMORY` when it needs more than `memory_limit_bytes`."""
         if self._process is None or self._process.poll() is not None:
             self._start()
         try:
@@ -99,13 +133,15 @@ class Verifier:
             reply = None
         if reply is None:
             self.close()
-            return None
-        return bool(json.loads(reply))
+            return Overrun.TIME
+        verdict = json.loads(reply)
+        return Overrun(verdict) if isinstance(verdict, str) else bool(verdict)
 
     def _start(self) -> None:
         self.close()
         self._process = subprocess.Popen(
-            [sys.executable, "-c", RUN_BY_PATH, str(Path(__file__).resolve())], stdin=subprocess.PIPE,
+            [sys.executable, "-c", RUN_BY_PATH, str(Path(__file__).resolve()), json.dumps(self.memory_limit_bytes)],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True, encoding="utf-8",
         )
         self._replies = queue.Queue()
@@ -139,4 +175,4 @@ class Verifier:
 
 
 if __name__ == "__main__":
-    serve()
+    serve(json.loads(sys.argv[2]))
