@@ -290,8 +290,13 @@ def decode_heuristic(shape: DecodeShape, device: torch.device, multiprocessors: 
 
 
 def combine_heuristic(shape: DecodeShape) -> CombineConfig:
-    """The combine launch chosen without tuning: 4 warps, score blocks of 64 slots (128 interpreted)."""
-    return CombineConfig(128 if interpreter_enabled() else 64, 4)
+    """The combine launch chosen without tuning: 4 warps, score blocks of 256 slots (128 interpreted).
+
+    A split's score loop waits on each block's loads in turn. At the group's own rows (4 for
+    Qwen3) a 256-slot block costs at most a few more registers than a 64-slot one
+    (`benchmarks/audits`), and walks a split's slots in a quarter of the steps.
+    """
+    return CombineConfig(128 if interpreter_enabled() else 256, 4)
 
 
 def _combine_split_tile(group_rows: int, head_dim: int, split_blocks: int, num_warps: int) -> int:
