@@ -23,7 +23,9 @@ eviction clears the buffer). Its percentage is of the decode step that emits tho
 eviction in two: the importance alone (`VaSECacheLayer.importance()`, the two passes of
 the ring's queries over the candidate keys; TFLOP/s of their matmuls), and the eviction
 given that importance (against the reference given the same), so that a run shows which
-part an eviction's time goes to.
+part an eviction's time goes to. `eviction vase-dkv: importance` times `vase-dkv`'s importance
+alone (a fresh Gaussian projection, the projected energies of every candidate's key and
+value, their normalisation; GB/s of its reads and writes, `CacheShape.projected_energy_bytes`).
 """
 
 from __future__ import annotations
@@ -119,6 +121,23 @@ def test_eviction_importance(benchmark, roofline, device, shape: CacheShape):
     importance = timing.measure(benchmark, layer.importance, record, graph=True)
     candidates = importance[:, :, : shape.budget]
     assert bool(torch.isfinite(candidates).all()) and bool((candidates >= 0).all())
+    assert int(layer.n_evictions) == 0, "computing the importance must not evict"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
+def test_projected_energy_importance(benchmark, roofline, device, shape: CacheShape):
+    config = VaSEConfig(policy="vase-dkv", budget=shape.budget, window=shape.window)
+    layer = prefilled_layer(shape, config, shape.capacity, device)
+    record = Record(
+        SUITE, "eviction vase-dkv: importance", "vase", shape.name,
+        bytes_moved=shape.projected_energy_bytes(config.dkv_rank), roofline=COPY, per_step=shape.window,
+        relative_to=(DECODE_SUITE, DECODE_KERNEL, "vase", shape.name),
+        details={"dtype": "bfloat16", "dkv_rank": config.dkv_rank},
+    )  # fmt: skip
+    importance = timing.measure(benchmark, layer.importance, record, graph=True)
+    candidates = importance[:, :, : shape.budget].double()
+    assert bool(torch.isfinite(candidates).all()) and bool((candidates >= 0).all())
+    torch.testing.assert_close(candidates.sum(dim=-1), torch.ones_like(candidates[..., 0]), rtol=1e-5, atol=1e-5)
     assert int(layer.n_evictions) == 0, "computing the importance must not evict"
 
 

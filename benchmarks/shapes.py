@@ -138,6 +138,16 @@ class CacheShape:
         layout = self.layout
         return 2 * 2.0 * self.batch * layout.q_heads * self.window * self.budget * layout.head_dim
 
+    def projected_energy_bytes(self, rank: int, element_bytes: int = 2) -> float:
+        """Nominal traffic of `vase-dkv`'s importance at projection width `rank`: the keys and
+        values of the `budget` candidates read once, the fp32 `[D, rank]` projections drawn and
+        read, and the fp32 energies written and normalised (read, written)."""
+        rows = self.batch * self.layout.kv_heads
+        kv = 2 * self.budget * self.layout.head_dim * element_bytes
+        projection = 2 * 4 * self.layout.head_dim * rank
+        energies = 3 * 4 * self.capacity
+        return float(rows * (kv + projection + energies))
+
     def eviction_bytes(self, element_bytes: int = 2) -> float:
         """Nominal select-and-compact traffic of one eviction in which every survivor moves.
 
