@@ -5,6 +5,14 @@
 #
 #   bash benchmarks/gpu_check.sh [OUT_DIR]    # default: $OUT, else benchmarks/results/<gpu>-<date>
 #   VASE_BENCH_COMMIT=<commit> bash benchmarks/gpu_check.sh OUT_DIR    # a copy without .git
+#   VASE_GPU_CHECK_STEPS="attention eviction paper" VASE_GPU_CHECK_SECONDS=540 bash benchmarks/gpu_check.sh OUT_DIR
+#
+# VASE_GPU_CHECK_STEPS: the steps to run, by name (default: all but `paper`): tests autotune
+# attention eviction profile end_to_end paper. `paper` is the paper protocol's estimate
+# (bench_paper_throughput.py, `gpu` profile, minutes of Qwen3-14B prefills and decoding):
+# it does not fit beside the others, so a second call runs it, with what else it wants.
+# VASE_GPU_CHECK_SECONDS: the deadline of the steps before the report (default 420). The
+# `end_to_end` and `paper` steps each take the time left before it, so a run names one of them.
 #
 # Time budget (seconds; the whole script stays under 8 minutes):
 #   environment                        ~5   (each command under a timeout, as is `autotune --show`)
@@ -16,11 +24,13 @@
 #                                           emitted-mode eviction, score modes
 #   decode step profile                 60  (limit) host against device time of each end-to-end
 #                                           method's decode step, and its top kernels
-#   end-to-end decoding                ~30+ what is left of the first 420 s, shared by its four
+#   end-to-end decoding                ~30+ what is left of the first 420 s (VASE_GPU_CHECK_SECONDS), shared by its four
 #                                           methods as they go (VASE_BENCH_DECODE_DEADLINE), less
 #                                           their compilation and warm-up (30 s compiled, 5 s eager)
 #   report                              20  (limit)
 #   worst case              420 + 20 + 6 x 10 (interrupt grace) = 480
+#   (with VASE_GPU_CHECK_SECONDS=S and the paper step alone after the short ones: S + 20 + 4 x 10;
+#   keep that under the caller's own limit)
 #
 # Each step runs under `timeout -s INT`: pytest, interrupted, still writes the JSON of the
 # rows it finished. A step that fails or is cut short does not stop the next; the exit
@@ -28,6 +38,23 @@
 # pytest-benchmark (matplotlib for the plots); the repository is used in place (no install).
 # `VASE_BENCH_PROFILE=smoke` runs the same steps on a CPU machine: a dry run of this script.
 set -uo pipefail
+steps="${VASE_GPU_CHECK_STEPS:-tests autotune attention eviction profile end_to_end}"
+for step in $steps; do
+  case "$step" in
+    tests | autotune | attention | eviction | profile | end_to_end | paper) ;;
+    *) echo "VASE_GPU_CHECK_STEPS: expected names among tests autotune attention eviction profile end_to_end paper; got '$step'" >&2
+       exit 2 ;;
+  esac
+done
+if [[ " $steps " == *" end_to_end "* && " $steps " == *" paper "* ]]; then
+  echo "VASE_GPU_CHECK_STEPS: end_to_end and paper each take the time left; name one of them" >&2
+  exit 2
+fi
+seconds="${VASE_GPU_CHECK_SECONDS:-420}"
+if ! [[ "$seconds" =~ ^[0-9]+$ ]] || ((seconds < 60)); then
+  echo "VASE_GPU_CHECK_SECONDS: expected a whole number of seconds >= 60; got '$seconds'" >&2
+  exit 2
+fi
 out_arg="${1:-${OUT:-}}"
 if [[ -n "$out_arg" && "$out_arg" != /* ]]; then out_arg="$PWD/$out_arg"; fi  # relative to where it was called
 cd "$(dirname "$0")/.."
@@ -35,7 +62,7 @@ unset VASE_BACKEND  # the vase rows run the Triton kernels, whatever the calling
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 VASE_BENCH_PROFILE=${VASE_BENCH_PROFILE:-gpu}
 python=${PYTHON:-python3}
 start=$(date +%s)
-deadline=$((start + 420))
+deadline=$((start + seconds))
 grace=10
 
 gpu=$(timeout 20 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '-' | sed 's/-$//')
@@ -43,10 +70,14 @@ out="${out_arg:-benchmarks/results/${gpu:-gpu}-$(date -u +%Y-%m-%d)}"
 mkdir -p "$out"
 status=0
 
+# wanted NAME: whether VASE_GPU_CHECK_STEPS names the step.
+wanted() { [[ " $steps " == *" $1 "* ]]; }
+
 # run_step NAME LIMIT_SECONDS COMMAND...: at most LIMIT seconds and never past the deadline.
 run_step() {
   local name=$1 limit=$2
   shift 2
+  [[ $name == report ]] || wanted "$name" || return 0
   local left=$((deadline - $(date +%s)))
   ((limit > left)) && limit=$left
   if ((limit < 10)); then
@@ -92,12 +123,14 @@ fi
 
 # Autotuning into OUT_DIR (the benchmarks below keep the launchers' heuristics): the
 # command's table compares the default and the tuned configuration of each key.
-printf '%s\n' '{"model_type": "qwen3", "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "hidden_size": 4096}' \
-  > "$out/qwen3_8b_config.json"
-run_step autotune 60 env VASE_AUTOTUNE_DIR="$out/autotune" $python -m vase_triton autotune \
-  --config "$out/qwen3_8b_config.json" --batch 16 --budget 4096 --prompt-len 1024 --dtype bfloat16 \
-  --kernels decode,decode_combine,append,evict_select,evict_compact --time-limit 45
-VASE_AUTOTUNE_DIR="$out/autotune" timeout 30 $python -m vase_triton autotune --show > "$out/autotune_stored.txt" 2>&1
+if wanted autotune; then
+  printf '%s\n' '{"model_type": "qwen3", "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "hidden_size": 4096}' \
+    > "$out/qwen3_8b_config.json"
+  run_step autotune 60 env VASE_AUTOTUNE_DIR="$out/autotune" $python -m vase_triton autotune \
+    --config "$out/qwen3_8b_config.json" --batch 16 --budget 4096 --prompt-len 1024 --dtype bfloat16 \
+    --kernels decode,decode_combine,append,evict_select,evict_compact --time-limit 45
+  VASE_AUTOTUNE_DIR="$out/autotune" timeout 30 $python -m vase_triton autotune --show > "$out/autotune_stored.txt" 2>&1
+fi
 
 run_step attention 60 $python -m pytest -q -p no:cacheprovider \
   benchmarks/bench_prefill.py benchmarks/bench_decode.py --benchmark-json "$out/attention.json"
@@ -117,13 +150,18 @@ run_step profile 60 env TORCH_LOGS="perf_hints,recompiles" \
 # methods after it are set aside, so time a fast method does not need goes to the next;
 # 10 s stay for the interrupt grace.
 left=$((deadline - $(date +%s)))
-export VASE_BENCH_DECODE_DEADLINE=$((deadline - grace))
-run_step end_to_end "$left" env TORCH_LOGS="perf_hints,recompiles" $python -m pytest -q -s -p no:cacheprovider \
-  benchmarks/bench_end_to_end.py --benchmark-json "$out/end_to_end.json"
+run_step end_to_end "$left" env TORCH_LOGS="perf_hints,recompiles" VASE_BENCH_DECODE_DEADLINE=$((deadline - grace)) \
+  $python -m pytest -q -s -p no:cacheprovider benchmarks/bench_end_to_end.py --benchmark-json "$out/end_to_end.json"
+
+# The paper protocol's estimate, when asked for: its three methods in turn (the full cache
+# last), with the time left; a method cut short leaves the rows of those before it.
+left=$((deadline - $(date +%s)))
+run_step paper "$left" $python -m pytest -q -s -p no:cacheprovider \
+  benchmarks/bench_paper_throughput.py --benchmark-json "$out/paper.json"
 
 deadline=$(($(date +%s) + 20))
 results=()
-for name in attention eviction end_to_end; do
+for name in attention eviction end_to_end paper; do
   [[ -f "$out/$name.json" ]] && results+=("$out/$name.json")
 done
 if ((${#results[@]})); then

@@ -1,0 +1,55 @@
+"""`benchmarks/gpu_check.sh` on a CPU machine: its step selection, its refusals, and the
+`paper` step's dry run (the `smoke` profile) through to the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "gpu_check.sh"
+
+
+def _run(out: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(SCRIPT), str(out)],
+        env={**os.environ, "PYTHON": sys.executable, "VASE_BENCH_PROFILE": "smoke", "VASE_BENCH_COMMIT": "0" * 40, **env},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"VASE_GPU_CHECK_STEPS": "attention bogus"}, "VASE_GPU_CHECK_STEPS: expected names among tests autotune"),
+        ({"VASE_GPU_CHECK_STEPS": "end_to_end paper"}, "end_to_end and paper each take the time left"),
+        ({"VASE_GPU_CHECK_SECONDS": "59"}, "VASE_GPU_CHECK_SECONDS: expected a whole number of seconds >= 60; got '59'"),
+        ({"VASE_GPU_CHECK_SECONDS": "1e3"}, "got '1e3'"),
+    ],
+)
+def test_bad_settings_are_refused_before_anything_runs(tmp_path: Path, env: dict, message: str) -> None:
+    result = _run(tmp_path / "out", **env)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_paper_step_alone_writes_its_rows_and_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = _run(out, VASE_GPU_CHECK_STEPS="paper", VASE_GPU_CHECK_SECONDS="300")
+    assert result.returncode == 0, result.stdout + result.stderr
+    steps = (out / "steps.txt").read_text().splitlines()
+    assert [line.split(":")[0] for line in steps] == ["== paper", "== report"], steps
+    assert "commit: " + "0" * 40 in (out / "environment.txt").read_text()
+    assert {"paper.json", "paper.log", "report.md", "results.csv"} <= {path.name for path in out.iterdir()}
+    assert not any((out / f"{name}.json").exists() for name in ("attention", "eviction", "end_to_end"))
+    methods = [row["param"] for row in json.loads((out / "paper.json").read_text())["benchmarks"]]
+    assert len(methods) == 3 and "hf-dynamic-no-cudnn" in methods and any("dkv" in name for name in methods)
+    report = (out / "report.md").read_text()
+    assert "## the paper's throughput protocol" in report
+    for method in methods:
+        assert f"| {method} |" in report, method
