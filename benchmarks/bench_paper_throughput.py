@@ -9,12 +9,13 @@ one GPU) reports 132.9 / 333.4 / 410.9 tokens/s and 68.7 / 39.6 / 33.9 GB.
 
 The `full` profile runs the protocol (about 40 minutes on one H200, most of it the full
 cache). The `gpu` profile estimates it in minutes (not among `gpu_check.sh`'s default
-steps: its `paper` step, in a call of its own, or this file on its own): each method's step time is measured at six lengths from 64 to 16,384
-generated tokens, each on its own (64 timed steps, after one untimed, from a prompt that
-ends just before it, `DecodeSetting.sample_steps`; a VaSE cache past its budget evicts
-once in them), and the decode time of the whole run is the sum of the step times
-interpolated between them (`decoding.estimated_decode_seconds`); its peak memory is the
-largest of the sampled decode steps'. The rows say which they are. `smoke` runs the
+steps: its `paper` step, in a call of its own, or this file on its own): each method's
+step time is measured at six lengths from 64 to 16,384 generated tokens, each on its own
+(64 timed steps, after one untimed, from a prompt that ends just before it,
+`DecodeSetting.sample_steps`; a VaSE cache past its budget evicts once in them), and the
+decode time of the whole run is the sum of the step times interpolated between them
+(`decoding.estimated_decode_seconds`); its peak memory is the largest of the sampled
+decode steps'. The rows say which they are. `smoke` runs the
 estimate on the tiny model.
 """
 
