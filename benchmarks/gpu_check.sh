@@ -38,15 +38,17 @@
 # pytest-benchmark (matplotlib for the plots); the repository is used in place (no install).
 # `VASE_BENCH_PROFILE=smoke` runs the same steps on a CPU machine: a dry run of this script.
 set -uo pipefail
-steps="${VASE_GPU_CHECK_STEPS:-tests autotune attention eviction profile end_to_end}"
+known_steps="tests autotune attention eviction profile end_to_end paper"
+steps="${VASE_GPU_CHECK_STEPS:-${known_steps% paper}}"
+# wanted NAME: whether VASE_GPU_CHECK_STEPS names the step.
+wanted() { [[ " $steps " == *" $1 "* ]]; }
 for step in $steps; do
-  case "$step" in
-    tests | autotune | attention | eviction | profile | end_to_end | paper) ;;
-    *) echo "VASE_GPU_CHECK_STEPS: expected names among tests autotune attention eviction profile end_to_end paper; got '$step'" >&2
-       exit 2 ;;
-  esac
+  if [[ " $known_steps " != *" $step "* ]]; then
+    echo "VASE_GPU_CHECK_STEPS: expected names among $known_steps; got '$step'" >&2
+    exit 2
+  fi
 done
-if [[ " $steps " == *" end_to_end "* && " $steps " == *" paper "* ]]; then
+if wanted end_to_end && wanted paper; then
   echo "VASE_GPU_CHECK_STEPS: end_to_end and paper each take the time left; name one of them" >&2
   exit 2
 fi
@@ -69,9 +71,6 @@ gpu=$(timeout 20 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null |
 out="${out_arg:-benchmarks/results/${gpu:-gpu}-$(date -u +%Y-%m-%d)}"
 mkdir -p "$out"
 status=0
-
-# wanted NAME: whether VASE_GPU_CHECK_STEPS names the step.
-wanted() { [[ " $steps " == *" $1 "* ]]; }
 
 # run_step NAME LIMIT_SECONDS COMMAND...: at most LIMIT seconds and never past the deadline.
 run_step() {

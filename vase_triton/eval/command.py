@@ -219,14 +219,13 @@ def run_eval_command(args) -> int:
     if any(cell.trace_exact is not None for cell in cells):
         print(markdown_table(cells, "trace_exact", "Whole-trace exact match (%)"))
     print(f"results: {results}; summary: {plan.out_dir / written[0]} (+ {', '.join(written[1:])})")
-    timed_out = sum(record["grading"] == Overrun.TIME.value for record in records)
-    if timed_out:
-        print(f"note: {timed_out} of {len(records)} answers could not be graded within --grading-timeout "
-              f"{args.grading_timeout:g} s and count as wrong (their records say \"grading\": \"timeout\")",
-              file=sys.stderr)  # fmt: skip
-    over_memory = sum(record["grading"] == Overrun.MEMORY.value for record in records)
-    if over_memory:
-        print(f"note: {over_memory} of {len(records)} answers could not be graded within the grading process's "
-              f"{MEMORY_LIMIT_BYTES / 2**30:g} GiB and count as wrong (their records say \"grading\": "
-              f"\"memory-limit\")", file=sys.stderr)  # fmt: skip
+    limits = {
+        Overrun.TIME: f"--grading-timeout {args.grading_timeout:g} s",
+        Overrun.MEMORY: f"the grading process's {MEMORY_LIMIT_BYTES / 2**30:g} GiB",
+    }
+    for overrun, limit in limits.items():
+        overran = sum(record["grading"] == overrun.value for record in records)
+        if overran:
+            print(f"note: {overran} of {len(records)} answers could not be graded within {limit} and count as "
+                  f"wrong (their records say \"grading\": \"{overrun.value}\")", file=sys.stderr)  # fmt: skip
     return 0

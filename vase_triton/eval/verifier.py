@@ -66,6 +66,19 @@ def _math_verify(gold: str, answer: str) -> Union[bool, str]:
         return False
 
 
+def _cap_address_space(limit_bytes: int) -> None:
+    """Lower this process's soft address-space limit to `limit_bytes` (never above the hard
+    limit, which a soft one may not exceed); where the platform has no `setrlimit`, the time
+    limit alone applies."""
+    try:
+        import resource
+    except ImportError:
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    soft = limit_bytes if hard == resource.RLIM_INFINITY else min(limit_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 def serve(memory_limit_bytes: Optional[int]) -> None:
     """The child's loop over stdin until it closes, its address space capped at
     `memory_limit_bytes` (None: not capped). Anything else printed goes to stderr, so that
@@ -73,14 +86,7 @@ def serve(memory_limit_bytes: Optional[int]) -> None:
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     if memory_limit_bytes is not None:
-        try:
-            import resource
-        except ImportError:  # no setrlimit on this platform: the time limit alone applies
-            pass
-        else:
-            _, hard = resource.getrlimit(resource.RLIMIT_AS)  # a soft limit may not exceed the hard one
-            soft = memory_limit_bytes if hard == resource.RLIM_INFINITY else min(memory_limit_bytes, hard)
-            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        _cap_address_space(memory_limit_bytes)
     try:
         import math_verify
     except Exception as error:

@@ -10,8 +10,8 @@ Stage 2, `_decode_combine_kernel`, has the same grid: each program rebuilds the
 group's global log-sum-exp from the partials; split 0 writes the combined output,
 reading the partials several splits at a time, and every split adds
 `exp(logit - lse)`, summed over the group, into the score buffer for the valid
-slots of its chunk. Slots at or past `cache_lens[b]` are
-never read and never written. Log-sum-exps and logits are kept in base 2.
+slots of its chunk. Slots at or past `cache_lens[b]` are never read and never
+written. Log-sum-exps and logits are kept in base 2.
 """
 
 from __future__ import annotations
