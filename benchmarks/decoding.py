@@ -11,6 +11,8 @@ checkpoint of that layout and depth (`VASE_BENCH_CHECKPOINT`).
 A `StepClock` stopping criterion stamps every step (CUDA events on GPU, `perf_counter` on
 CPU), notes memory at the checkpoint lengths and can end a run at a wall-clock limit (the
 run's curve then ends with a point at the length it stopped at).
+Each phase of a method (its warm-up, with any compilation; its timed run; each sampled
+length) prints how long it took on stderr, so a run cut by a deadline shows where its time went.
 Before the timed run each method generates once with the same cache object (reset in
 between, nothing reallocated; a `DynamicCache`, which holds no buffers ahead, is replaced
 by a new one) so that compilation, CUDA-graph capture and the eviction kernels' first
@@ -34,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -360,6 +363,11 @@ def random_prompts(model, batch: int, length: int, device: torch.device) -> dict
     return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
 
 
+def _report_phase(method: Method, phase: str, began: float) -> None:
+    """Print on stderr that `method` finished `phase`, begun at `perf_counter()` time `began`, and its seconds."""
+    print(f"[{method.name}] {phase}: {time.perf_counter() - began:.1f} s", file=sys.stderr, flush=True)
+
+
 def _warmup_tokens(method: Method, setting: DecodeSetting) -> int:
     """Tokens the untimed run generates: enough for two evictions with VaSE (its cache holds at
     least min(prompt, budget) slots after the prompt, and evicts every `window` steps once it
@@ -415,6 +423,7 @@ def prepared(model, method: Method, setting: DecodeSetting, device: torch.device
         # Each method starts as in a fresh process: no compiled code, graphs or cached blocks of the last.
         torch._dynamo.reset()
         torch.cuda.empty_cache()
+    began = time.perf_counter()
     inputs = random_prompts(model, setting.batch, setting.warmup_prompt_tokens, device)
     if method.cache == "vase":
         compile_mode = "reduce-overhead" if device.type == "cuda" else None
@@ -427,6 +436,7 @@ def prepared(model, method: Method, setting: DecodeSetting, device: torch.device
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
+        _report_phase(method, f"warm-up, {warmup} tokens from a {setting.warmup_prompt_tokens:,}-token prompt", began)
         yield ready
     finally:
         if method.cache == "vase":
@@ -439,9 +449,11 @@ def generate_timed(model, method: Method, setting: DecodeSetting, device: torch.
     if setting.sample_steps is not None:
         return generate_sampled(model, method, setting, device)
     with prepared(model, method, setting, device) as ready:
+        began = time.perf_counter()
         clock = StepClock(setting.prompt_tokens, setting.checkpoints, ready.cache, device, setting.time_limit_s)
         ready.generate(model, setting.new_tokens, stopping_criteria=[clock])
         step_seconds = clock.seconds_between_stamps()
+        _report_phase(method, f"timed run, {len(clock.stamps):,} tokens", began)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     return Trace(
         generated=len(clock.stamps),
@@ -472,6 +484,7 @@ def generate_sampled(model, method: Method, setting: DecodeSetting, device: torc
             if left is not None and left <= 0:
                 time_limited = True
                 break
+            began = time.perf_counter()
             run_tokens = setting.sampled_run_tokens
             prompt_tokens = setting.prompt_tokens + length - run_tokens
             ready.empty_cache(model)
@@ -485,6 +498,8 @@ def generate_sampled(model, method: Method, setting: DecodeSetting, device: torc
                 points.append(curve_point(length - run_tokens + reached, steps, clock.memory[reached],
                                           setting.batch))  # fmt: skip
                 step_seconds += steps
+            _report_phase(method, f"length {length:,}, {len(steps)} timed steps from a {prompt_tokens:,}-token prompt",
+                          began)  # fmt: skip
     points.sort(key=lambda point: point.generated)
     return Trace(
         generated=points[-1].generated if points else 0,

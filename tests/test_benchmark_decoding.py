@@ -249,6 +249,23 @@ def test_sampled_run_cut_by_its_time_limit_keeps_the_longest_lengths(tiny_model,
     assert len(trace.step_seconds) == 16 + (cut.generated - (64 - 18) - 2)
 
 
+def test_each_phase_of_a_method_reports_its_seconds(tiny_model, capsys):
+    """A run cut by a GPU session's deadline shows where its time went: the warm-up (from the
+    longest sampled prompt, 16 + 96 - 18 tokens), then each sampled length, longest first, with
+    its prompt (16 + L - 18 tokens) and its 16 timed steps, each with the seconds it took."""
+    decoding.generate_timed(tiny_model, decoding.HF_DYNAMIC, tiny_setting(sample_steps=16), torch.device("cpu"))
+    lines = capsys.readouterr().err.splitlines()
+    phases = [line.rsplit(": ", 1)[0] for line in lines]
+    assert phases == [
+        f"[hf-dynamic] warm-up, {decoding.WARMUP_STEPS} tokens from a 94-token prompt",
+        "[hf-dynamic] length 96, 16 timed steps from a 94-token prompt",
+        "[hf-dynamic] length 64, 16 timed steps from a 62-token prompt",
+        "[hf-dynamic] length 32, 16 timed steps from a 30-token prompt",
+    ]
+    seconds = [float(line.rsplit(": ", 1)[1].removesuffix(" s")) for line in lines]
+    assert all(second >= 0 for second in seconds)
+
+
 def test_sampled_vase_steps_evict_once_every_window(tiny_model, monkeypatch):
     """A VaSE cache compressed at prefill first evicts at its `window + 1`-th decode step, then every
     `window` steps: the timed steps of a sampled length whose cache is full hold one eviction per
