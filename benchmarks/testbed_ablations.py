@@ -14,6 +14,15 @@ answers right and the whole traces exact over the seeds:
   smooths over permuted neighbours;
 - `vase-dkv`'s projections, a deviation too: ours draws one per layer, row and KV head;
   theirs draws one per row and shares it across the KV heads;
+- `vase-dkv`'s projection precision, a deviation: ours projects the cache against a float32
+  `G`; theirs casts `G` to the model's dtype and computes the projections, their squared
+  norms, the product and its normalisation in it. Both variants run the testbed in
+  bfloat16 (`--dtype bfloat16`), where the two differ;
+- the eviction trigger (`vase`), a deviation: ours evicts when a row reaches
+  `budget + window` tokens and drops `window`; theirs evicts after any decode step that
+  leaves more than `budget` tokens at a multiple of `window`, down to `budget`. The two
+  differ when `budget` is not a multiple of `window`, as at every testbed budget (135, 68
+  and 34 at window 16);
 - sinks in the baselines `snapkv` and `rkv`, a deviation: ours keeps the first `n_sink`
   tokens under every evicting policy, the authors' SnapKV and R-KV modes keep none;
 - R-KV's `λ` (`rkv`): ours defaults to 0.1, R-KV's value; the authors' scripts pass 0.5.
@@ -39,8 +48,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vase_triton import cli, policies, reference  # noqa: E402
+from vase_triton.cache import VaSECacheLayer  # noqa: E402
 from vase_triton.commands.common import positive_int  # noqa: E402
 from vase_triton.eval.runner import RESULTS_FILE, Run, read_results  # noqa: E402
+from vase_triton.ops import projected_energy as projected_energy_op  # noqa: E402
 from vase_triton.testbed.harness import COMPRESSIONS, compression_budget  # noqa: E402
 
 
@@ -69,6 +80,36 @@ def shared_projection(draw: Callable[..., torch.Tensor]) -> Callable[..., torch.
     return projection
 
 
+def authors_bfloat16_energy(
+    keys: torch.Tensor, values: torch.Tensor, projection: torch.Tensor, lengths: torch.Tensor, *, window: int
+) -> torch.Tensor:
+    """`ops.projected_energy` as the authors compute it in a bfloat16 model: `G` cast to
+    bfloat16, then `||k G||²`, `||v G||²`, their product and its normalisation over each row's
+    candidates, all in bfloat16 (0 past the candidates). Returns `[B, Hkv, N]` float32."""
+    projection = projection.to(torch.bfloat16)
+    key_energy = ((keys.to(torch.bfloat16) @ projection) ** 2).sum(dim=-1)
+    value_energy = ((values.to(torch.bfloat16) @ projection) ** 2).sum(dim=-1)
+    slots = torch.arange(keys.shape[2], device=keys.device)
+    candidates = slots < (lengths.to(torch.int64)[:, None, None] - window)
+    energy = torch.where(candidates, key_energy * value_energy, 0.0)
+    return (energy / energy.sum(dim=-1, keepdim=True)).float().nan_to_num(0.0)
+
+
+def authors_eviction_trigger(decode_step: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`VaSECacheLayer.decode_step` followed by the authors' trigger: once the step has stored its
+    token, a layer holding more than `budget` tokens at a multiple of `window` evicts down to
+    `budget` (dropping `length - budget` tokens), before the capacity `budget + window` would."""
+
+    def decode_step_then_trigger(layer: VaSECacheLayer, *args, **kwargs) -> torch.Tensor:
+        output = decode_step(layer, *args, **kwargs)
+        length, config = layer.length_bound, layer.config
+        if config.evicts and length > config.budget and length % config.window == 0:
+            layer.evict()
+        return output
+
+    return decode_step_then_trigger
+
+
 def configured(**changes) -> ContextManager:
     """Every evaluated cache configured with `changes` (VaSEConfig fields) on top of eval's."""
     configure = Run.config
@@ -85,6 +126,7 @@ class Ablation(NamedTuple):
     default: str
     switched: str
     switch: Callable[[], ContextManager]
+    eval_args: tuple[str, ...] = ()  # `vase-triton eval` arguments of both variants
 
 
 ABLATIONS = [
@@ -94,17 +136,23 @@ ABLATIONS = [
              lambda: mock.patch.object(reference, "survivor_slots", authors_survivor_slots)),
     Ablation("projections", "vase-dkv", "per KV head", "shared by a row's heads (authors')",
              lambda: mock.patch.object(policies, "dkv_projection", shared_projection(policies.dkv_projection))),
+    Ablation("projection precision", "vase-dkv", "float32", "bfloat16 (authors')",
+             lambda: mock.patch.object(projected_energy_op, "projected_energy", authors_bfloat16_energy),
+             eval_args=("--dtype", "bfloat16")),
+    Ablation("eviction trigger", "vase", "at budget + window", "past budget at each multiple of window (authors')",
+             lambda: mock.patch.object(VaSECacheLayer, "decode_step",
+                                       authors_eviction_trigger(VaSECacheLayer.decode_step))),
     Ablation("sinks", "snapkv", "4 kept", "none (authors')", lambda: configured(n_sink=0)),
     Ablation("sinks", "rkv", "4 kept", "none (authors')", lambda: configured(n_sink=0)),
     Ablation("R-KV λ", "rkv", "0.1", "0.5 (authors' scripts)", lambda: configured(rkv_lambda=0.5)),
 ]  # fmt: skip
 
 
-def evaluate(policy: str, seed: int, out: Path) -> list[dict]:
-    """The testbed records of `policy` at run seed `seed` (`vase-triton eval`, output silenced)."""
+def evaluate(policy: str, seed: int, out: Path, eval_args: tuple[str, ...] = ()) -> list[dict]:
+    """The testbed records of `policy` at run seed `seed` (`vase-triton eval` with `eval_args`, output silenced)."""
     with contextlib.redirect_stdout(io.StringIO()):
         status = cli.main(["eval", "--policies", policy, "--seed", str(seed), "--out", str(out),
-                           "--device", "cpu", "--no-progress"])  # fmt: skip
+                           "--device", "cpu", "--no-progress", *eval_args])  # fmt: skip
     if status != 0:
         raise SystemExit(f"vase-triton eval failed for {policy} (seed {seed})")
     return [record for record in read_results(out / RESULTS_FILE) if record["policy"] == policy]
@@ -124,9 +172,9 @@ def measure(ablation: Ablation, seeds: int, out: Path) -> Iterator[tuple[int, tu
     default, switched = [], []
     for seed in range(seeds):
         run_dir = out / f"{ablation.name}-{ablation.policy}".replace(" ", "-") / f"seed{seed}"
-        default += evaluate(ablation.policy, seed, run_dir / "default")
+        default += evaluate(ablation.policy, seed, run_dir / "default", ablation.eval_args)
         with ablation.switch():
-            switched += evaluate(ablation.policy, seed, run_dir / "switched")
+            switched += evaluate(ablation.policy, seed, run_dir / "switched", ablation.eval_args)
     default_tally, switched_tally = tally(default), tally(switched)
     for budget in sorted(default_tally, reverse=True):
         yield budget, default_tally[budget], switched_tally[budget]

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from benchmarks.testbed_ablations import authors_survivor_slots, configured, shared_projection
-from vase_triton import reference
+from benchmarks.testbed_ablations import (
+    authors_bfloat16_energy,
+    authors_eviction_trigger,
+    authors_survivor_slots,
+    configured,
+    shared_projection,
+)
+from vase_triton import VaSEConfig, reference
+from vase_triton.cache import VaSECacheLayer
 from vase_triton.cache_tensors import CacheTensors
 from vase_triton.eval.runner import EvalSettings, Run
 
@@ -60,3 +68,65 @@ def test_configuration_and_shared_projection_switches():
     drawn = torch.randn(2, 3, 8, 4)
     shared = shared_projection(lambda: drawn)()
     assert torch.equal(shared, drawn[:, :1].expand(2, 3, 8, 4))
+
+
+def test_authors_bfloat16_energy_is_their_expression_rounded_to_bfloat16():
+    """Against float64 of the same bfloat16-rounded keys, values and `G`: each of the five
+    bfloat16 roundings (the two projections, their squared norms, the product, the
+    normalisation) is within 2^-8 relative, so the whole stays within 8 x 2^-8 of it; the
+    slots past a row's candidates score 0, and each row's candidates sum to 1."""
+    generator = torch.Generator().manual_seed(11)
+    keys, values = (torch.randn(2, 3, 40, 16, generator=generator) for _ in range(2))
+    projection = torch.randn(2, 3, 16, 5, generator=generator) / 5**0.5
+    lengths = torch.tensor([40, 23], dtype=torch.int32)
+    energy = authors_bfloat16_energy(keys, values, projection, lengths, window=4)
+
+    rounded = [tensor.to(torch.bfloat16).double() for tensor in (keys, values, projection)]
+    expected = ((rounded[0] @ rounded[2]) ** 2).sum(-1) * ((rounded[1] @ rounded[2]) ** 2).sum(-1)
+    candidates = torch.arange(40) < (lengths[:, None, None].long() - 4)
+    expected = torch.where(candidates, expected, 0.0)
+    expected = expected / expected.sum(-1, keepdim=True)
+    assert energy.dtype == torch.float32
+    assert bool((energy[1, :, 19:] == 0).all()) and bool((energy[0, :, :36] > 0).all())
+    torch.testing.assert_close(energy.double(), expected, rtol=8 * 2**-8, atol=0.0)
+    torch.testing.assert_close(energy.double().sum(-1), torch.ones(2, 3, dtype=torch.float64), rtol=0.0, atol=0.05)
+    fp32 = reference.projected_energy(keys, values, projection, lengths, window=4)
+    assert not torch.equal(energy, fp32 / fp32.sum(-1, keepdim=True))  # the switch changes the scores
+
+
+@pytest.mark.parametrize("budget", [10, 12])
+def test_authors_trigger_evicts_past_budget_at_each_multiple_of_window(monkeypatch, budget):
+    """Decoding one token at a time from an empty layer (window 4): the authors' trigger leaves
+    the lengths of `length += 1; if length > budget and length % window == 0: length = budget`
+    after every step. At budget 10 that is an eviction of 2 tokens every 2 steps from step 12
+    on; ours evicts 4 at capacity 14. At budget 12, a multiple of the window, both evict the
+    same tokens between the same steps: ours at the start of the step after the one that
+    filled the layer to capacity 16, theirs at the end of that one."""
+    monkeypatch.setenv("VASE_BACKEND", "torch")  # the trigger is the same on either backend
+    config = VaSEConfig(policy="snapkv", budget=budget, window=4)
+    generator = torch.Generator().manual_seed(2)
+    steps = [[torch.randn(1, 2, 1, 32, generator=generator) for _ in range(3)] for _ in range(30)]
+
+    def lengths_after_each_step() -> list[int]:
+        layer = VaSECacheLayer(config, batch_size=1, num_kv_heads=2, head_dim=32, dtype=torch.float32, device="cpu")
+        lengths = []
+        for query, key, value in steps:
+            layer.decode(query, key, value, scale=32**-0.5)
+            lengths.append(int(layer.lengths[0]))
+        return lengths
+
+    ours = lengths_after_each_step()
+    monkeypatch.setattr(VaSECacheLayer, "decode_step", authors_eviction_trigger(VaSECacheLayer.decode_step))
+    theirs = lengths_after_each_step()
+
+    expected, length = [], 0
+    for _ in steps:
+        length += 1
+        if length > budget and length % 4 == 0:
+            length = budget
+        expected.append(length)
+    assert theirs == expected
+    evicted_at_the_end_of_the_step = [budget if length == budget + 4 else length for length in ours]
+    assert (evicted_at_the_end_of_the_step == theirs) == (budget % 4 == 0)
+    if budget == 10:
+        assert ours[13:16] == [14, 11, 12] and theirs[11:14] == [10, 11, 10]
