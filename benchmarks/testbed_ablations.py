@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vase_triton import cli, policies, reference  # noqa: E402
 from vase_triton.cache import VaSECacheLayer  # noqa: E402
+from vase_triton.cache_tensors import slot_mask  # noqa: E402
 from vase_triton.commands.common import positive_int  # noqa: E402
 from vase_triton.eval.runner import RESULTS_FILE, Run, read_results  # noqa: E402
 from vase_triton.ops import projected_energy as projected_energy_op  # noqa: E402
@@ -89,8 +90,7 @@ def authors_bfloat16_energy(
     projection = projection.to(torch.bfloat16)
     key_energy = ((keys.to(torch.bfloat16) @ projection) ** 2).sum(dim=-1)
     value_energy = ((values.to(torch.bfloat16) @ projection) ** 2).sum(dim=-1)
-    slots = torch.arange(keys.shape[2], device=keys.device)
-    candidates = slots < (lengths.to(torch.int64)[:, None, None] - window)
+    candidates = slot_mask(lengths, keys.shape[2], window)  # [B, 1, N]
     energy = torch.where(candidates, key_energy * value_energy, 0.0)
     return (energy / energy.sum(dim=-1, keepdim=True)).float().nan_to_num(0.0)
 
