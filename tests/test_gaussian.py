@@ -73,3 +73,11 @@ def test_bad_arguments_name_the_argument(device) -> None:
         standard_normal_(torch.empty(4, device=device), seed=-1, eviction_index=counter)
     with pytest.raises(TypeError, match="eviction_index: expected dtype int64"):
         standard_normal_(torch.empty(4, device=device), seed=1, eviction_index=counter.int())
+
+
+def test_the_reference_refuses_a_negative_counter(monkeypatch) -> None:
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    out = torch.full((4,), float("nan"))
+    with pytest.raises(ValueError, match="eviction_index: expected an int >= 0; got -1"):
+        standard_normal_(out, seed=1, eviction_index=torch.tensor([-1]))
+    assert out.isnan().all()

@@ -24,7 +24,8 @@ def standard_normal_(out: torch.Tensor, *, seed: int, eviction_index: torch.Tens
     Args:
         out: contiguous float32 tensor of any shape.
         seed: stream key in `[0, 2**63)` (`vase_triton.seeding.stream_key`).
-        eviction_index: `[1]` int64 on `out`'s device, the draw of the stream (not advanced).
+        eviction_index: `[1]` int64 on `out`'s device, `>= 0`, the draw of the stream (not
+            advanced; a negative one is refused by the reference, not checked by the kernel).
     """
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out: expected a torch.Tensor; got {type(out).__name__}")
