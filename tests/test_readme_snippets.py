@@ -1,26 +1,32 @@
-"""The README's "Using a patched model" snippets run as written on the tiny model and its
-byte tokenizer, as the README says they do, with their generation lengths shortened.
+"""The README's "Using a patched model" snippets run as written on the tiny model, with
+their generation lengths shortened: on its byte tokenizer, and the chat snippet on a
+character tokenizer with a chat template (the README says which snippets need more).
 
 Each snippet's result is checked against the unpatched model where the snippet's cache
-never evicts (the same greedy tokens; the same sampled tokens from the same torch seed),
-and against what the README says of it where it does.
+never evicts (the same greedy tokens; the same sampled tokens from the same torch seed;
+the same conversation generated from scratch at every turn), and against what the README
+says of it where it does.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 import pytest
 import torch
+from model_dirs import save_model_dir
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import vase_triton
 from vase_triton.integrations.patching import patch_state
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SECTION = "## Using a patched model"
-# The snippets the README says the tiny model cannot run: a chat template, several GPUs.
-NEEDS_MORE_THAN_THE_TINY_MODEL = ("apply_chat_template", "from_pretrained")
+# The snippet the README says the tiny model cannot run: several GPUs.
+NEEDS_MORE_THAN_THE_TINY_MODEL = ("from_pretrained",)
+CHAT_TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}"
 NEW_TOKENS = 12
 
 
@@ -53,10 +59,9 @@ def run_snippet(source: str, model, tokenizer, **names) -> dict:
     return namespace
 
 
-def test_the_section_has_the_snippets_this_file_runs_and_the_two_it_cannot():
+def test_the_section_has_the_snippets_this_file_runs_and_the_one_it_cannot():
     snippets = section_snippets()
-    assert len(snippets) == len(SNIPPETS) + 2, "a snippet was added or removed: update this test"
-    assert sum("apply_chat_template" in s for s in snippets) == 1
+    assert len(snippets) == len(SNIPPETS) + 1 == 5, "a snippet was added or removed: update this test"
     assert sum("from_pretrained" in s for s in snippets) == 1
 
 
@@ -83,6 +88,31 @@ def test_batches_sample_what_the_unpatched_model_samples(model, tokenizer):
 
     assert patched.shape[0] == 2 * 4
     assert torch.equal(patched, unpatched)
+    vase_triton.unpatch(model)
+
+
+def test_a_chat_keeps_its_cache_across_turns_and_says_what_a_fresh_start_at_each_turn_would(tmp_path):
+    (source,) = [s for s in SNIPPETS.values() if "apply_chat_template" in s]
+    directory = save_model_dir(tmp_path, chat_template=CHAT_TEMPLATE)
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory, padding_side="left")
+    questions = ast.literal_eval(re.search(r"for question in (\[.*?\]):", source).group(1))
+
+    def template(content: str) -> torch.Tensor:
+        messages = [{"role": "user", "content": content}]
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=False)
+
+    want = template("Hi!")
+    for question in questions:
+        want = model.generate(input_ids=want, attention_mask=torch.ones_like(want), max_new_tokens=NEW_TOKENS,
+                              do_sample=False)
+        want = torch.cat([want, template(question)], dim=1)
+
+    vase_triton.patch_qwen3(model, budget=2048)
+    namespace = run_snippet(source, model, tokenizer)
+
+    assert torch.equal(namespace["ids"], want)
+    assert namespace["cache"].n_evictions == 0
     vase_triton.unpatch(model)
 
 
