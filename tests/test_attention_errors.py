@@ -176,3 +176,16 @@ def test_bad_backend_value_raises(monkeypatch):
         call_prefill(prefill_args())
     with pytest.raises(ValueError, match=r"^VASE_BACKEND: expected"):
         call_decode(decode_args())
+
+
+@pytest.mark.parametrize("value, interpreted", [("1", True), ("true", True), ("On", True),
+                                                ("0", False), ("false", False), ("off", False), ("2", False)])
+def test_triton_interpret_is_read_as_triton_reads_it(monkeypatch, value, interpreted):
+    """A value Triton reads as off sends CPU tensors to the reference under `auto`, not to a
+    Triton without its interpreter (and without a GPU driver)."""
+    from vase_triton.backend import interpreter_enabled, use_triton
+
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    monkeypatch.delenv("VASE_BACKEND", raising=False)
+    assert interpreter_enabled() is interpreted
+    assert use_triton(torch.device("cpu")) is interpreted

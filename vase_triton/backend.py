@@ -3,7 +3,7 @@
 `VASE_BACKEND` (see README, "Environment variables") chooses:
 
 - `auto` (default): Triton on CUDA tensors; on CPU tensors Triton when the Triton
-  interpreter is on (`TRITON_INTERPRET=1`), else the PyTorch reference.
+  interpreter is on (`TRITON_INTERPRET=1`, as Triton reads it), else the PyTorch reference.
 - `triton`: always the Triton kernels (CPU tensors need `TRITON_INTERPRET=1`).
 - `torch`: always the PyTorch reference.
 """
@@ -18,8 +18,11 @@ BACKENDS = ("auto", "triton", "torch")
 
 
 def interpreter_enabled() -> bool:
-    """True when Triton kernels run in the CPU interpreter (`TRITON_INTERPRET=1`)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """True when Triton kernels run in the CPU interpreter: `TRITON_INTERPRET` as Triton itself
+    reads it (`1`, `true`, `on`; `0`, `false`, `off`, `2` are off)."""
+    import triton
+
+    return bool(triton.knobs.runtime.interpret)
 
 
 def requested_backend() -> str:
