@@ -137,7 +137,7 @@ def test_bad_arguments_exit_non_zero(argv, fragment, capsys):
 
 
 def one_line_error(capsys, argv, fragment, status=1):
-    """`argv` fails with exit status `status` and one stderr line holding `fragment`."""
+    """`argv` fails with exit status `status` and one stderr line holding `fragment`; returns the line."""
     capsys.readouterr()  # drop what the set-up printed
     if status == 2:
         with pytest.raises(SystemExit) as exit_info:
@@ -147,6 +147,7 @@ def one_line_error(capsys, argv, fragment, status=1):
         assert main(argv) == status
     err = capsys.readouterr().err.strip()
     assert err.startswith("vase-triton: error:") and fragment in err and len(err.splitlines()) == 1, err
+    return err
 
 
 def test_invalid_config_and_missing_model_are_one_line_errors(tmp_path, capsys, monkeypatch):
@@ -260,6 +261,7 @@ def test_json_summary_and_streamed_text_agree(saved_model_dir, capsys, monkeypat
     assert main(argv + ["--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["tokens_generated"] == 24 and summary["prompt_tokens"] == 9 and summary["sampling"] == {"do_sample": False}
+    assert (summary["budget"], summary["window"], summary["capacity"]) == (16, 4, 20)
     assert main(argv) == 0
     streamed = capsys.readouterr().out
     assert streamed.startswith(summary["text"]) and "tokens generated: 24" in streamed
@@ -351,6 +353,7 @@ def test_the_summary_capacity_is_that_of_the_largest_cache(saved_model_dir, tmp_
     # the summary's capacity and memory are both the first's.
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert summary["capacity"] == 50 and summary["kv_memory_bytes"] == lines[0]["kv_memory_bytes"]
+    assert summary["budget"] is None and summary["window"] is None  # `full` has neither
     assert lines[0]["kv_memory_bytes"] > lines[1]["kv_memory_bytes"]
 
 
@@ -359,6 +362,19 @@ def test_options_the_run_would_ignore_are_refused(saved_model_dir, tmp_path, cap
     model = ["generate", "--model", str(saved_model_dir), "--max-new-tokens", "2"]
     one_line_error(capsys, model + ["--policy", "full", "--budget", "16"], "--budget: the 'full' policy keeps every")
     one_line_error(capsys, model + ["--policy", "full", "--window", "5000"], "--window: the 'full' policy keeps every")
+    for policy, option, value, why in (
+        ("full", "--n-sink", "8", "the 'full' policy keeps every token"),
+        ("full", "--evict-temperature", "0.5", "the 'full' policy keeps every token"),
+        ("full", "--score-mode", "emitted", "the 'full' policy keeps every token"),
+        ("snapkv", "--evict-temperature", "0.5", "policy 'snapkv' keeps the top-ranked candidates without sampling"),
+        ("h2o", "--score-mode", "emitted", "policy 'h2o' does not observe the window's attention"),
+        ("snapkv", "--value-stat", "l2", "value protection is off for policy 'snapkv' (--protect-values turns it on)"),
+        ("vase", "--rkv-lambda", "0.5", "policy 'vase' does not read rkv_lambda"),
+        ("vase", "--dkv-rank", "7", "policy 'vase' does not read dkv_rank"),
+        ("streaming", "--pool-kernel", "7", "policy 'streaming' does not read pool_kernel"),
+    ):
+        one_line_error(capsys, model + ["--policy", policy, option, value],
+                       f"{option}: {why}, so {option} would be ignored; drop {option}")  # fmt: skip
     one_line_error(capsys, model + ["--batch-size", "4"], "--batch-size: only with --prompts")
     one_line_error(capsys, model + ["--no-think"], "--no-think: only with a chat template")
     directory = save_model_dir(tmp_path / "failing", chat_template="{{ raise_exception('a system message is required') }}")
@@ -371,6 +387,33 @@ def test_options_the_run_would_ignore_are_refused(saved_model_dir, tmp_path, cap
     (unpadded / "tokenizer_config.json").write_text(json.dumps(settings))
     one_line_error(capsys, ["generate", "--model", str(unpadded), "--prompt", "hi"],
                    "--model: the tokenizer has neither a padding nor an end-of-sequence token")  # fmt: skip
+
+
+def test_options_a_policy_reads_are_taken(saved_model_dir, capsys, monkeypatch):
+    """Each option is accepted where its policy reads it, and sets the configuration; a chunk
+    shorter than the default window is fine for `full`, which never compresses a chunk."""
+    from vase_triton.commands import common
+
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    configs = []
+    make = common.config_from_arguments
+    monkeypatch.setattr("vase_triton.commands.generate.config_from_arguments",
+                        lambda *args, **kwargs: configs.append(make(*args, **kwargs)) or configs[-1])  # fmt: skip
+    model = ["generate", "--model", str(saved_model_dir), "--max-new-tokens", "2", "--json"]
+    for policy, option, value, field in (
+        ("vase", "--evict-temperature", "0.5", "temperature"),
+        ("vase", "--score-mode", "emitted", "score_mode"),
+        ("vase", "--value-stat", "l2", "value_stat"),
+        ("snapkv", "--value-stat", "absmax", "value_stat"),  # with --protect-values below
+        ("rkv", "--rkv-lambda", "0.5", "rkv_lambda"),
+        ("rkv", "--pool-kernel", "7", "pool_kernel"),
+        ("vase-dkv", "--dkv-rank", "7", "dkv_rank"),
+        ("full", "--prefill-chunk-size", "8", "prefill_chunk_size"),
+    ):
+        extra = ["--protect-values"] if policy == "snapkv" else []
+        assert main(model + ["--policy", policy, option, value, *extra]) == 0
+        assert str(getattr(configs[-1], field)) == value and configs[-1].policy == policy
+    capsys.readouterr()
 
 
 def test_each_batch_is_written_as_it_finishes(saved_model_dir, tmp_path, monkeypatch):
@@ -493,10 +536,11 @@ def test_the_testbed_demo_takes_value_protection_options_for_the_evicting_run_on
 def test_a_cache_too_large_for_memory_is_a_one_line_error(saved_model_dir, capsys, monkeypatch):
     monkeypatch.setenv("VASE_BACKEND", "torch")
     too_long = ["--max-new-tokens", str(10**15), "--device", "cpu"]  # beyond any address space
-    one_line_error(
+    err = one_line_error(
         capsys, ["generate", "--model", str(saved_model_dir), "--policy", "full", *too_long],
         "generate: out of memory on cpu for 1 prompt(s) of up to",
     )
+    assert err.endswith("with the 'full' cache; lower --max-new-tokens")  # not --batch-size: one --prompt
     one_line_error(  # the built-in testbed: the full cache it compares with is sized by --max-new-tokens
         capsys, ["generate", *too_long], "generate: out of memory on cpu for the testbed problem with the 'vase' "
         "cache; lower --max-new-tokens or --budget",

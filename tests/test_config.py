@@ -66,14 +66,19 @@ def test_random_needs_a_sampling_temperature(temperature):
         ({"policy": "full", "protect_values": True}, "protect_values: policy 'full' never evicts"),
         ({"policy": "vase-dkv", "dkv_rank": 1025}, "dkv_rank: expected 1 <= dkv_rank <= 1024"),
         ({"budget": 2**31 - 64}, "budget: expected budget + window < 2**31"),
+        ({"prefill_chunk_size": 63}, "prefill_chunk_size: expected >= window = 64"),
     ],
     ids=["policy", "budget", "n_protect", "n_sink_fit", "score_mode", "temperature_inf", "temperature", "value_stat",
          "pool", "lambda", "window", "sink", "seed", "protect_full", "dkv_rank_wide",
-         "budget_int32"],
+         "budget_int32", "chunk_below_window"],
 )
 def test_invalid_values_raise_value_error_naming_the_constraint(kwargs, fragment):
     with pytest.raises(ValueError, match=re.escape(fragment)):
         VaSEConfig(**kwargs)
+
+
+def test_a_policy_that_never_evicts_takes_chunks_shorter_than_the_window():
+    assert VaSEConfig(policy="full", prefill_chunk_size=1).prefill_chunk_size == 1
 
 
 def test_wrong_types_and_unknown_fields():

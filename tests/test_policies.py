@@ -291,6 +291,13 @@ def test_policy_errors_are_clear() -> None:
         Policy("x", None, OBSERVE_WINDOW, stochastic=False, protect_values=False, summary="")
 
 
+@pytest.mark.parametrize("reads", [["pool_kernel"], ("budget",), ("pool_kernel", "lambda")])
+def test_a_policy_reads_only_the_settings_a_policy_may_read(reads) -> None:
+    with pytest.raises(ValueError, match=r"reads: expected a tuple of names in pool_kernel, rkv_lambda, dkv_rank"):
+        Policy("x", lambda config, inputs: None, "nothing", stochastic=False, protect_values=False, summary="",
+               reads=reads)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "field, given",
     [("stochastic", "False"), ("protect_values", 1), ("needs_noise", None), ("summary", 3)],

@@ -54,7 +54,8 @@ class VaSEConfig:
             with the layer and the eviction counter.
         prefill_chunk_size: multi-token inputs (prompts, new chat turns) are processed in
             chunks of at most this many tokens, the cache compressed between chunks, so
-            prefill holds at most `capacity + prefill_chunk_size` slots per row and layer.
+            prefill holds at most `capacity + prefill_chunk_size` slots per row and layer At least
+            `window` for a policy that evicts (a chunk that compresses is its observation window).
     """
 
     policy: str = "vase"
@@ -95,7 +96,7 @@ class VaSEConfig:
         kept_candidates = self.budget - self.window
         if not 0 <= self.n_sink <= kept_candidates:
             raise ValueError(f"n_sink: expected 0 <= n_sink <= budget - window = {kept_candidates}; got {self.n_sink}")
-        if self.prefill_chunk_size < self.window:
+        if policy.evicts and self.prefill_chunk_size < self.window:
             raise ValueError(
                 f"prefill_chunk_size: expected >= window = {self.window} (a chunk that triggers an eviction "
                 f"is its observation window); got {self.prefill_chunk_size}"

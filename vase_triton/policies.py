@@ -34,6 +34,8 @@ OBSERVE_LAST_QUERY = "last-query"  # the last query only
 OBSERVE_ALL_QUERIES = "all-queries"  # every query since the token entered the cache, prompt included
 OBSERVE_NOTHING = "nothing"  # no attention (importance from the cache contents alone)
 OBSERVATIONS = (OBSERVE_WINDOW, OBSERVE_LAST_QUERY, OBSERVE_ALL_QUERIES, OBSERVE_NOTHING)
+# `VaSEConfig` fields that only the policies whose importance reads them use (`Policy.reads`).
+SETTINGS_A_POLICY_MAY_READ = ("pool_kernel", "rkv_lambda", "dkv_rank", "value_stat")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +90,9 @@ class Policy:
     summary: one line describing the policy, shown by the command line's `--policy` help.
     needs_noise: the importance alone cannot rank (e.g. uniform), so the policy is refused
         with a temperature that would make its selection deterministic.
+    reads: the `VaSEConfig` settings of `SETTINGS_A_POLICY_MAY_READ` that its importance
+        reads (`value_stat` through `cache.magnitudes`, when value protection is off); the
+        command line refuses the others' options for it, as they would be ignored.
     """
 
     name: str
@@ -97,6 +102,7 @@ class Policy:
     protect_values: bool
     summary: str
     needs_noise: bool = False
+    reads: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -110,6 +116,9 @@ class Policy:
                 raise TypeError(f"{flag}: expected True or False; got {getattr(self, flag)!r}")
         if not isinstance(self.summary, str):
             raise TypeError(f"summary: expected a string; got {self.summary!r}")
+        if not isinstance(self.reads, tuple) or not set(self.reads) <= set(SETTINGS_A_POLICY_MAY_READ):
+            raise ValueError(f"reads: expected a tuple of names in {', '.join(SETTINGS_A_POLICY_MAY_READ)}; "
+                             f"got {self.reads!r}")
         if self.needs_noise and not self.stochastic:
             raise ValueError(f"needs_noise: only a stochastic policy can need noise; {self.name!r} is not stochastic")
         if self.importance is None:
@@ -275,13 +284,14 @@ def get_policy(name: str) -> Policy:
 
 for _policy in (
     Policy("vase", pooled_candidate_attention, OBSERVE_WINDOW, stochastic=True, protect_values=True,
-           summary="window attention, pooled over candidates; value protection; Gumbel sampling"),
+           summary="window attention, pooled over candidates; value protection; Gumbel sampling",
+           reads=("pool_kernel",)),
     Policy("vase-dkv", _projected_energy, OBSERVE_NOTHING, stochastic=False, protect_values=False,
-           summary="‖kG‖²·‖vG‖² with a fresh Gaussian G per eviction; top-k"),
+           summary="‖kG‖²·‖vG‖² with a fresh Gaussian G per eviction; top-k", reads=("dkv_rank",)),
     Policy("rkv", _redundancy_aware_attention, OBSERVE_WINDOW, stochastic=False, protect_values=False,
-           summary="λ·pooled window attention − (1−λ)·key redundancy; top-k"),
+           summary="λ·pooled window attention − (1−λ)·key redundancy; top-k", reads=("pool_kernel", "rkv_lambda")),
     Policy("snapkv", pooled_candidate_attention, OBSERVE_WINDOW, stochastic=False, protect_values=False,
-           summary="window attention, pooled over candidates; top-k"),
+           summary="window attention, pooled over candidates; top-k", reads=("pool_kernel",)),
     Policy("h2o", _observed_attention, OBSERVE_ALL_QUERIES, stochastic=False, protect_values=False,
            summary="attention of every query since the token entered, prompt included; top-k"),
     Policy("tova", _observed_attention, OBSERVE_LAST_QUERY, stochastic=False, protect_values=False,

@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from vase_triton.config import SCORE_MODES, VALUE_STATS, VaSEConfig
-from vase_triton.policies import POLICIES
+from vase_triton.policies import OBSERVE_WINDOW, POLICIES, SETTINGS_A_POLICY_MAY_READ, Policy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Below this a decoding temperature divides logits into overflow; use 0 for greedy decoding.
@@ -100,6 +100,15 @@ def finite_float(low: float = 0.0, high: float = math.inf):
     return parse
 
 
+# Cache options only some policies use: option -> the `VaSEConfig` field it sets. Given for a
+# policy that would ignore it, it is refused (`_why_ignored`); not given, the field's default.
+_POLICY_DEPENDENT_OPTIONS = {
+    "--budget": "budget", "--window": "window", "--n-sink": "n_sink", "--value-stat": "value_stat",
+    "--evict-temperature": "temperature", "--score-mode": "score_mode", "--pool-kernel": "pool_kernel",
+    "--rkv-lambda": "rkv_lambda", "--dkv-rank": "dkv_rank",
+}
+
+
 def add_config_arguments(
     parser: argparse.ArgumentParser, *, default_budget: Optional[str] = "2048", default_window: Optional[str] = None
 ) -> None:
@@ -112,32 +121,65 @@ def add_config_arguments(
     group.add_argument("--budget", type=positive_int, help=f"tokens kept per head after an eviction (default {default_budget})")
     group.add_argument("--window", type=positive_int,
                        help=f"recent/observation window and eviction interval (default {default_window or defaults.window})")
-    group.add_argument("--n-sink", type=non_negative_int, default=defaults.n_sink,
-                       help=f"first tokens never evicted (default {defaults.n_sink})")
+    group.add_argument("--n-sink", type=non_negative_int, help=f"first tokens never evicted (default {defaults.n_sink})")
     group.add_argument("--n-protect", type=non_negative_int, help="value-protected tokens, sinks included (default budget // 4)")
     group.add_argument("--protect-values", action=argparse.BooleanOptionalAction, default=None,
                        help="keep the largest value vectors (default: the policy's; on for vase)")
-    group.add_argument("--value-stat", default=defaults.value_stat, choices=VALUE_STATS, help="value magnitude statistic")
-    group.add_argument("--evict-temperature", type=finite_float(), default=defaults.temperature,
-                       help="Gumbel temperature of eviction sampling (0 = top-k; not the decoding temperature)")
-    group.add_argument("--score-mode", default=defaults.score_mode, choices=SCORE_MODES,
-                       help="window attention: recompute (the paper's) or emitted by decode attention")
-    group.add_argument("--pool-kernel", type=positive_int, default=defaults.pool_kernel, help="importance pool width (odd)")
-    group.add_argument("--rkv-lambda", type=finite_float(0.0, 1.0), default=defaults.rkv_lambda, help="R-KV trade-off λ")
-    group.add_argument("--dkv-rank", type=positive_int, default=defaults.dkv_rank, help="vase-dkv projection width")
+    group.add_argument("--value-stat", choices=VALUE_STATS,
+                       help=f"value magnitude statistic of value protection (default {defaults.value_stat})")
+    group.add_argument("--evict-temperature", type=finite_float(),
+                       help=f"Gumbel temperature of eviction sampling, for policies that sample (default "
+                            f"{defaults.temperature:g}; 0 = top-k; not the decoding temperature)")
+    group.add_argument("--score-mode", choices=SCORE_MODES,
+                       help=f"window attention of window-observing policies: recompute (the paper's) or emitted by "
+                            f"decode attention (default {defaults.score_mode})")
+    def readers(field: str) -> str:
+        return ", ".join(name for name, policy in POLICIES.items() if field in policy.reads)
+
+    group.add_argument("--pool-kernel", type=positive_int,
+                       help=f"importance pool width (odd; default {defaults.pool_kernel}); {readers('pool_kernel')}")
+    group.add_argument("--rkv-lambda", type=finite_float(0.0, 1.0),
+                       help=f"R-KV trade-off λ (default {defaults.rkv_lambda:g}); {readers('rkv_lambda')}")
+    group.add_argument("--dkv-rank", type=positive_int,
+                       help=f"projection width (default {defaults.dkv_rank}); {readers('dkv_rank')}")
     group.add_argument("--prefill-chunk-size", type=positive_int, default=defaults.prefill_chunk_size,
                        help="tokens per prefill chunk (peak prefill memory: capacity + chunk)")
 
 
+def _why_ignored(field: str, policy: Policy, protect_values: Optional[bool]) -> Optional[str]:
+    """Why `policy` would ignore `VaSEConfig` field `field` (`protect_values`: the option's value), or None."""
+    if not policy.evicts:
+        return f"the {policy.name!r} policy keeps every token"
+    protects = policy.protect_values if protect_values is None else protect_values
+    if field == "value_stat" and not protects and field not in policy.reads:
+        return f"value protection is off for policy {policy.name!r} (--protect-values turns it on)"
+    if field in SETTINGS_A_POLICY_MAY_READ and field != "value_stat" and field not in policy.reads:
+        return f"policy {policy.name!r} does not read {field}"
+    if field == "temperature" and not policy.stochastic:
+        return f"policy {policy.name!r} keeps the top-ranked candidates without sampling"
+    if field == "score_mode" and policy.observation != OBSERVE_WINDOW:
+        return f"policy {policy.name!r} does not observe the window's attention"
+    return None
+
+
 def config_from_arguments(args: argparse.Namespace, budget: int, window: int = VaSEConfig().window) -> VaSEConfig:
-    """The `VaSEConfig` the options describe (`budget`, and `window` unless given); invalid is a one-line error."""
+    """The `VaSEConfig` the options describe (`budget`, and `window` unless given); invalid is a one-line error,
+    and so is an option the policy would ignore."""
+    policy = POLICIES[args.policy]
+    given = {}
+    for option, field in _POLICY_DEPENDENT_OPTIONS.items():
+        value = getattr(args, option[2:].replace("-", "_"))
+        if value is None:
+            continue
+        why = _why_ignored(field, policy, args.protect_values)
+        if why is not None:
+            raise CommandError(f"{option}: {why}, so {option} would be ignored; drop {option}")
+        given[field] = value
     try:
-        return VaSEConfig(
-            policy=args.policy, budget=budget, window=args.window or window, n_sink=args.n_sink, n_protect=args.n_protect,
-            protect_values=args.protect_values, value_stat=args.value_stat, temperature=args.evict_temperature,
-            score_mode=args.score_mode, pool_kernel=args.pool_kernel, rkv_lambda=args.rkv_lambda,
-            dkv_rank=args.dkv_rank, seed=args.seed, prefill_chunk_size=args.prefill_chunk_size,
-        )
+        return VaSEConfig(**{
+            "budget": budget, "window": window, **given, "policy": args.policy, "n_protect": args.n_protect,
+            "protect_values": args.protect_values, "seed": args.seed, "prefill_chunk_size": args.prefill_chunk_size,
+        })  # fmt: skip
     except (ValueError, TypeError) as error:
         field, _, reason = str(error).partition(":")
         option = {"temperature": "evict-temperature"}.get(field, field.replace("_", "-"))

@@ -218,11 +218,6 @@ def run_generate(args) -> int:
     dtype = resolve_dtype(args.dtype, device)
     if args.model is None:
         return _generate_testbed(args, device, dtype)
-    if args.policy == "full":
-        for option, given in (("--budget", args.budget), ("--window", args.window)):
-            if given is not None:
-                raise CommandError(f"{option}: the 'full' policy keeps every token, so {option} would be ignored; "
-                                   f"drop {option}")
     config = config_from_arguments(args, args.budget or DEFAULT_BUDGET)
     if args.out is not None and args.prompts is None:
         raise CommandError("--out: only with --prompts (one JSON line per completion)")
@@ -304,7 +299,7 @@ def _generate_with_model(args, config, records, batch_size: int, sink, device, d
                 raise
             raise _out_of_memory(
                 config, device, f"{len(batch_records)} prompt(s) of up to {prompt_len} + {max_new_tokens} tokens",
-                ["--batch-size", "--max-new-tokens"],
+                ["--batch-size", "--max-new-tokens"] if args.prompts is not None else ["--max-new-tokens"],
             ) from None
         seconds = time.perf_counter() - began
         total_seconds += seconds
@@ -330,7 +325,8 @@ def _generate_with_model(args, config, records, batch_size: int, sink, device, d
             sink.flush()
 
     summary = {
-        "model": label, "policy": config.policy, "budget": config.budget, "window": config.window,
+        "model": label, "policy": config.policy, "budget": config.budget if config.evicts else None,
+        "window": config.window if config.evicts else None,
         "capacity": capacity, "prompts": len(records), "prompt_tokens": prompt_tokens,
         "tokens_generated": generated, "seconds": round(total_seconds, 4),
         "tokens_per_second": round(generated / max(total_seconds, 1e-9), 2), "evictions_per_layer": evictions,
