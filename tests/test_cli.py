@@ -369,12 +369,18 @@ def test_options_the_run_would_ignore_are_refused(saved_model_dir, tmp_path, cap
         ("snapkv", "--evict-temperature", "0.5", "policy 'snapkv' keeps the top-ranked candidates without sampling"),
         ("h2o", "--score-mode", "emitted", "policy 'h2o' does not observe the window's attention"),
         ("snapkv", "--value-stat", "l2", "value protection is off for policy 'snapkv' (--protect-values turns it on)"),
+        ("snapkv", "--n-protect", "5", "value protection is off for policy 'snapkv' (--protect-values turns it on)"),
+        ("full", "--protect-values", None, "the 'full' policy keeps every token"),
+        ("full", "--no-protect-values", None, "the 'full' policy keeps every token"),
         ("vase", "--rkv-lambda", "0.5", "policy 'vase' does not read rkv_lambda"),
         ("vase", "--dkv-rank", "7", "policy 'vase' does not read dkv_rank"),
         ("streaming", "--pool-kernel", "7", "policy 'streaming' does not read pool_kernel"),
     ):
-        one_line_error(capsys, model + ["--policy", policy, option, value],
-                       f"{option}: {why}, so {option} would be ignored; drop {option}")  # fmt: skip
+        named = option.replace("--no-", "--")
+        one_line_error(capsys, model + ["--policy", policy, option] + ([value] if value else []),
+                       f"{named}: {why}, so {named} would be ignored; drop {named}")  # fmt: skip
+    one_line_error(capsys, model + ["--no-protect-values", "--n-protect", "5"],
+                   "--n-protect: value protection is off for policy 'vase'")  # fmt: skip
     one_line_error(capsys, model + ["--batch-size", "4"], "--batch-size: only with --prompts")
     one_line_error(capsys, model + ["--no-think"], "--no-think: only with a chat template")
     directory = save_model_dir(tmp_path / "failing", chat_template="{{ raise_exception('a system message is required') }}")

@@ -103,8 +103,8 @@ def finite_float(low: float = 0.0, high: float = math.inf):
 # Cache options only some policies use: option -> the `VaSEConfig` field it sets. Given for a
 # policy that would ignore it, it is refused (`_why_ignored`); not given, the field's default.
 _POLICY_DEPENDENT_OPTIONS = {
-    "--budget": "budget", "--window": "window", "--n-sink": "n_sink", "--value-stat": "value_stat",
-    "--evict-temperature": "temperature", "--score-mode": "score_mode", "--pool-kernel": "pool_kernel",
+    "--budget": "budget", "--window": "window", "--n-sink": "n_sink", "--protect-values": "protect_values",
+    "--n-protect": "n_protect", "--value-stat": "value_stat", "--evict-temperature": "temperature", "--score-mode": "score_mode", "--pool-kernel": "pool_kernel",
     "--rkv-lambda": "rkv_lambda", "--dkv-rank": "dkv_rank",
 }
 
@@ -151,7 +151,7 @@ def _why_ignored(field: str, policy: Policy, protect_values: Optional[bool]) -> 
     if not policy.evicts:
         return f"the {policy.name!r} policy keeps every token"
     protects = policy.protect_values if protect_values is None else protect_values
-    if field == "value_stat" and not protects and field not in policy.reads:
+    if field in ("n_protect", "value_stat") and not protects and field not in policy.reads:
         return f"value protection is off for policy {policy.name!r} (--protect-values turns it on)"
     if field in SETTINGS_A_POLICY_MAY_READ and field != "value_stat" and field not in policy.reads:
         return f"policy {policy.name!r} does not read {field}"
@@ -177,8 +177,8 @@ def config_from_arguments(args: argparse.Namespace, budget: int, window: int = V
         given[field] = value
     try:
         return VaSEConfig(**{
-            "budget": budget, "window": window, **given, "policy": args.policy, "n_protect": args.n_protect,
-            "protect_values": args.protect_values, "seed": args.seed, "prefill_chunk_size": args.prefill_chunk_size,
+            "budget": budget, "window": window, **given, "policy": args.policy, "seed": args.seed,
+            "prefill_chunk_size": args.prefill_chunk_size,
         })  # fmt: skip
     except (ValueError, TypeError) as error:
         field, _, reason = str(error).partition(":")
