@@ -161,6 +161,16 @@ def test_rows_with_lengths_out_of_range_are_left_untouched(tiles, device, monkey
     assert bool((guarded[0] == 5.0).all()) and bool(torch.isnan(cache.keys[[0, 1, 3]]).all())
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_cache_without_slots_is_left_untouched(backend, device, monkeypatch):
+    """N = 0: every row overflows, so nothing is written and no counter moves, on both paths."""
+    monkeypatch.setenv("VASE_BACKEND", backend)
+    cache = _poisoned_cache(2, 2, 0, 64, [0, 0], torch.float32, device)
+    new = torch.randn(2, 2, 1, 64, device=device)
+    append_(cache, new, new, value_stat="range")
+    assert cache.lengths.tolist() == [0, 0] and cache.next_positions.tolist() == [0, 100]
+
+
 def test_append_rejects_bad_arguments(device):
     cache = _poisoned_cache(2, 2, 8, 64, [0, 0], torch.float16, device)
     new = torch.zeros(2, 2, 1, 64, dtype=torch.float16, device=device)

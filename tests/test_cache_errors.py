@@ -39,6 +39,8 @@ def _snapshot(layer: VaSECacheLayer):
     return clone_buffers(layer) | {
         "length_bound": layer.length_bound,
         "n_evictions": layer.n_evictions,
+        "num_query_heads": layer.num_query_heads,  # fixed by the first call that stores tokens
+        "scale": layer.scale,
     }
 
 
@@ -230,3 +232,32 @@ def test_evict_on_full_policy_is_rejected(full_layer):
     with pytest.raises(ValueError, match="policy"):
         full_layer.evict()
     _assert_untouched(full_layer, snapshot)
+
+
+def test_a_refused_prefill_leaves_the_query_heads_open(device):
+    """The first call that stores tokens sizes the query state: a refused one does not, so a
+    valid prompt with another query-head count is taken afterwards."""
+    layer = VaSECacheLayer(
+        VaSEConfig(policy="snapkv", budget=16, window=8, n_sink=2),
+        batch_size=B, num_kv_heads=HKV, head_dim=D, dtype=DTYPE, device=device,
+    )
+    wide = _tensors(heads=2 * HQ, tokens=5, device=device, seed=1)
+    with pytest.raises(ValueError, match="valid_lengths"):
+        layer.prefill(*_qkv(5, device, query=wide), scale=SCALE,
+                      valid_lengths=torch.tensor([5, 6], dtype=torch.int32, device=device))  # fmt: skip
+    assert layer.num_query_heads is None
+    layer.prefill(*_qkv(5, device), scale=SCALE)
+    assert layer.num_query_heads == HQ and layer.query_ring.shape[1] == HQ
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_evicting_before_any_query_is_refused_alike_by_both_backends(device, monkeypatch, backend):
+    monkeypatch.setenv("VASE_BACKEND", backend)
+    layer = VaSECacheLayer(
+        VaSEConfig(policy="snapkv", budget=16, window=8, n_sink=2),
+        batch_size=B, num_kv_heads=HKV, head_dim=D, dtype=DTYPE, device=device, num_query_heads=HQ,
+    )
+    snapshot = _snapshot(layer)
+    with pytest.raises(ValueError, match="the layer has not seen any query yet"):
+        layer.evict()
+    _assert_untouched(layer, snapshot)

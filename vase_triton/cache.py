@@ -281,13 +281,11 @@ class VaSECacheLayer:
             self._workspace = decode_workspace(num_query_heads, self.keys, self.dtype, emit_scores=self._emits_scores)
             mark_static(self._workspace)
 
-    def _use_query_heads(self, num_query_heads: int) -> None:
+    def use_query_heads(self, num_query_heads: int) -> None:
+        """Size the layer's query state (ring, decode workspace) for `num_query_heads` heads, once:
+        at the first call that stores tokens, after `check_inputs` and every other check passed."""
         if self.num_query_heads is None:
             self._allocate_query_state(num_query_heads)
-        elif num_query_heads != self.num_query_heads:
-            raise ValueError(
-                f"query: expected {self.num_query_heads} query heads like this layer's buffers; got Hq={num_query_heads}"
-            )
 
     def own_buffers(self) -> tuple[torch.Tensor, ...]:
         """Every buffer this layer owns (a shared decode workspace or prefill scratch excluded)."""
@@ -339,9 +337,12 @@ class VaSECacheLayer:
             raise ValueError(f"query: expected T = {key.shape[2]} tokens like key; got T={query.shape[2]}")
         if key.shape[2] < 1:
             raise ValueError(f"key: expected at least one token (T >= 1); got T={key.shape[2]}")
+        if self.num_query_heads is not None and query.shape[1] != self.num_query_heads:
+            raise ValueError(
+                f"query: expected {self.num_query_heads} query heads like this layer's buffers; got Hq={query.shape[1]}"
+            )
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
             raise ValueError(f"scale: expected a finite positive float; got {scale!r}")
-        self._use_query_heads(query.shape[1])
         return key.shape[2]
 
     # ----------------------------------------------------------------------------- prefill and extend
@@ -413,6 +414,7 @@ class VaSECacheLayer:
                     f"{valid_lengths.tolist()} for rows holding {self.tensors.lengths.tolist()} tokens"
                 )
         self.check_room(new_tokens)
+        self.use_query_heads(query.shape[1])
         self.scale = float(scale)
         outputs = []
         for start, stop in self.chunk_bounds(new_tokens):
@@ -578,8 +580,9 @@ class VaSECacheLayer:
         new_len = self.check_inputs(query, key, value, scale)
         if new_len != 1:
             raise ValueError(f"key: expected one new token per sequence, shape [B, Hkv, 1, D]; got T={new_len}")
-        self.scale = float(scale)
         self.prepare_decode_step()
+        self.use_query_heads(query.shape[1])
+        self.scale = float(scale)
         return self.decode_step(query, key, value, scale=scale)
 
     # ----------------------------------------------------------------------------- eviction
@@ -602,7 +605,7 @@ class VaSECacheLayer:
         observation = self.policy.observation
         if observation == OBSERVE_NOTHING:
             return None
-        if self.num_query_heads is None:
+        if self.num_query_heads is None or self.scale is None:
             raise ValueError("observed_attention: the layer has not seen any query yet (prefill first)")
         group = self.num_query_heads // self.num_kv_heads
         window = self.config.window

@@ -318,6 +318,8 @@ def append_(cache: CacheTensors, new_keys: torch.Tensor, new_values: torch.Tenso
         cache: the layer's buffers, `N` slots; new_keys, new_values: `[B, Hkv, T_new, D]`.
     """
     batch, kv_heads, capacity, head_dim = cache.keys.shape
+    if capacity == 0:  # no slot to write: every row is left as it is
+        return
     device = cache.keys.device
     new_len = new_keys.shape[2]
     lengths = cache.lengths.to(torch.long)
