@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -187,7 +188,7 @@ def test_string_match_keeps_units_and_digit_groups_apart(answer, gold, same):
     assert same_string(answer, gold) is same
 
 
-@pytest.mark.parametrize("answer, gold", [("10 m", "10 cm"), ("7 minutes", "7 hours")])
+@pytest.mark.parametrize("answer, gold", [("10 m", "10 cm"), ("7 minutes", "7 hours"), ("10 meters", "10 m")])
 def test_differing_units_are_wrong_without_asking_math_verify(answer, gold, verifier):
     assert grade(answer, gold, verifier=verifier) == grading.Grade(False, "string")
 
@@ -221,6 +222,18 @@ def test_a_verdict_that_holds_the_interpreter_is_killed_and_the_next_one_still_g
     assert waited < 5
     assert grade("\\frac{2}{4}", "0.5", verifier=verifier) == grading.Grade(True, "math-verify")
     assert grade("\\frac{2}{5}", "0.5", verifier=verifier) == grading.Grade(False, "math-verify")
+
+
+def test_ctrl_c_in_the_terminal_leaves_the_verifier_process_to_the_caller():
+    """Ctrl-C sends SIGINT to the whole process group: the child ignores it (no traceback of
+    its own on the shared stderr), and the caller, which handles it, stops the child."""
+    with Verifier() as own:
+        assert own.verdict("1", "1", timeout_s=60) is True
+        child = own._process
+        child.send_signal(signal.SIGINT)
+        assert own.verdict("\\frac{1}{2}", "0.5", timeout_s=60) is True
+        assert own._process is child and child.poll() is None
+    assert child.poll() is not None
 
 
 def test_a_verifier_that_cannot_start_says_why(tmp_path, monkeypatch):

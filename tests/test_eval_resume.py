@@ -112,8 +112,8 @@ def test_unknown_backend_is_a_one_line_error(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("seconds", ["0", "-1"])
-def test_non_positive_grading_timeout_is_refused_by_name(seconds, capsys):
+@pytest.mark.parametrize("seconds", ["0", "-1", "nan", "86401", "1e12"])
+def test_a_grading_timeout_outside_a_day_is_refused_by_name(seconds, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", "--grading-timeout", seconds])
     assert exit_info.value.code == 2
@@ -178,6 +178,24 @@ def test_results_without_their_settings_record_are_refused(tmp_path, capsys, dam
     err = _one_line_error(capsys)
     assert err.startswith("vase-triton: error: --out") and "run.json" in err
     assert (out / "results.jsonl").read_bytes() == before
+
+
+def test_settings_recorded_by_a_run_that_wrote_no_result_are_replaced(tmp_path, capsys):
+    """A run stopped before its first batch leaves `run.json` alone: it binds no result, so a
+    rerun with other settings takes the directory."""
+    out = tmp_path / "run"
+    assert main(TESTBED + ["--problems", "2", "--out", str(out)]) == 0
+    (out / "results.jsonl").write_text("")
+    assert main(TESTBED + ["--problems", "4", "--out", str(out)]) == 0
+    assert [task["problems"] for task in json.loads((out / "run.json").read_text())["tasks"].values()] == [4]
+    assert len(_records(out)) == 4
+
+
+def test_a_null_reference_is_no_reference(tmp_path):
+    tasks = tmp_path / "nulls.jsonl"
+    tasks.write_text(json.dumps({"id": "a", "question": "q", "answer": "1", "reference": None, "choices": None}) + "\n")
+    (problem,) = load_task(str(tasks))
+    assert problem.reference is None and problem.choices is None
 
 
 def test_a_non_string_reference_and_a_task_named_average_are_refused(tmp_path, capsys):
@@ -268,13 +286,15 @@ def test_the_full_cache_takes_no_budget(tmp_path, capsys):
     them, and refused when `full` runs alone (they would be ignored)."""
     rest = ["--max-new-tokens", "6", "--no-progress", "--problems", "2"]
     assert main(["eval", "--policies", "full", *rest, "--out", str(tmp_path / "full")]) == 0
-    assert {record["budget"] for record in _records(tmp_path / "full")} == {None}
+    assert {(record["budget"], record["window"]) for record in _records(tmp_path / "full")} == {(None, None)}
     capsys.readouterr()
     assert main(["eval", "--policies", "full", *rest, "--budgets", "10,41", "--out", str(tmp_path / "f2")]) == 1
     assert "--budgets: only the evicting policies use it" in _one_line_error(capsys)
     assert main(["eval", "--policies", "full,vase", *rest, "--budgets", "10,41", "--out", str(tmp_path / "vase")]) == 1
     assert "--budgets: 10 with 'vase': budget: expected budget > window" in _one_line_error(capsys)
-    assert not (tmp_path / "f2").exists() and not (tmp_path / "vase").exists()
+    assert main(["eval", "--policies", "vase", *rest, "--window", "200", "--out", str(tmp_path / "wide")]) == 1
+    assert "--budgets/--window: 135/200 with 'vase': budget: expected budget > window" in _one_line_error(capsys)
+    assert not any((tmp_path / name).exists() for name in ("f2", "vase", "wide"))
 
 
 def test_answers_that_overran_in_grading_are_counted_in_notes(tmp_path, capsys, monkeypatch):

@@ -36,18 +36,21 @@ from vase_triton.config import SCORE_MODES, VaSEConfig
 from vase_triton.policies import POLICIES
 
 DEFAULT_WINDOW = VaSEConfig().window
+MAX_GRADING_TIMEOUT_S = 86400.0
 # (package, module) the evaluation needs beyond the library's own dependencies: grading and plots.
 EVAL_PACKAGES = (("math-verify", "math_verify"), ("matplotlib", "matplotlib"))
 
 
 def _positive_seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds > 0."""
+    """An argparse type: a number of seconds in `(0, MAX_GRADING_TIMEOUT_S]`."""
     try:
         seconds = float(text)
     except ValueError:
         seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds; got {text!r}")
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_GRADING_TIMEOUT_S):
+        raise argparse.ArgumentTypeError(
+            f"expected a positive number of seconds, at most {MAX_GRADING_TIMEOUT_S:g} (a day); got {text!r}"
+        )
     return seconds
 
 
@@ -162,7 +165,8 @@ def run_eval_command(args) -> int:
             try:
                 VaSEConfig(policy=policy, budget=budget, window=plan.window, score_mode=args.score_mode)
             except (ValueError, TypeError) as error:
-                raise CommandError(f"--budgets: {budget} with {policy!r}: {error}") from None
+                given = f"--budgets: {budget}" if args.window is None else f"--budgets/--window: {budget}/{plan.window}"
+                raise CommandError(f"{given} with {policy!r}: {error}") from None
     missing = [package for package, module in EVAL_PACKAGES if importlib.util.find_spec(module) is None]
     if missing:
         raise CommandError(

@@ -213,7 +213,8 @@ def check_settings(out_dir: Path, record: dict) -> None:
         raise RunError(
             f"--out: {out_dir} holds results but no {SETTINGS_FILE} recording their settings; use another --out"
         )
-    if path.exists():
+    # Settings recorded by a run that wrote no result yet bind nothing: they are replaced.
+    if path.exists() and results.exists() and results.stat().st_size > 0:
         previous = _read_record(path)
         changed = [
             f"{key}: {repr(previous[key]) if key in previous else 'not recorded'} there, {record[key]!r} now"
@@ -300,7 +301,7 @@ def _records(
         )
         yield {
             "task": problem.task, "id": problem.id, "policy": run.policy, "budget": run.budget,
-            "window": settings.window, "sample": sample, "seed": seed, "batch": batch_index,
+            "window": None if run.budget is None else settings.window, "sample": sample, "seed": seed, "batch": batch_index,
             "batch_rows": len(batch), "prompt_tokens": int(prompt_length), "output_tokens": len(ids),
             "finished": finished, "evictions": evictions, "kv_bytes": kv_bytes,
             "answer": answer, "gold": problem.answer, "correct": verdict.correct, "grading": verdict.method,

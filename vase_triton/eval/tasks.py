@@ -120,7 +120,7 @@ def load_jsonl(path: Path) -> list[Problem]:
             value = row.get(field)
             if not isinstance(value, (str, int, float)) or isinstance(value, bool) or not str(value).strip():
                 raise TaskError(f"--tasks: {where}: expected field {field!r} (a non-empty string); got {value!r}")
-        if not isinstance(row.get("reference", ""), str):
+        if row.get("reference") is not None and not isinstance(row["reference"], str):
             raise TaskError(f"--tasks: {where}: expected 'reference' to be a string (a whole expected output); "
                             f"got {row['reference']!r}")
         choices = row.get("choices")

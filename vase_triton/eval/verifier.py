@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -81,8 +82,10 @@ def _cap_address_space(limit_bytes: int) -> None:
 
 def serve(memory_limit_bytes: Optional[int]) -> None:
     """The child's loop over stdin until it closes, its address space capped at
-    `memory_limit_bytes` (None: not capped). Anything else printed goes to stderr, so that
-    stdout carries only the replies."""
+    `memory_limit_bytes` (None: not capped), ignoring SIGINT. Anything else printed goes to
+    stderr, so that stdout carries only the replies."""
+    # Ctrl-C reaches the whole process group: the caller handles it and stops this process.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     if memory_limit_bytes is not None:
@@ -134,7 +137,7 @@ class Verifier:
         try:
             self._process.stdin.write(json.dumps([gold, answer]) + "\n")
             self._process.stdin.flush()
-            reply = self._replies.get(timeout=timeout_s)
+            reply = self._replies.get(timeout=min(timeout_s, threading.TIMEOUT_MAX))
         except (OSError, queue.Empty):  # a dead child (out of memory, killed) counts as an overrun
             reply = None
         if reply is None:
