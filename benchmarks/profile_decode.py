@@ -176,6 +176,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(str(error))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
+    if steps < args.steps:
+        print(f"--steps: {steps} steps, the most this profile's length allows after its warm-up prompt "
+              f"(asked for {args.steps})", file=sys.stderr)  # fmt: skip
     results: list[StepProfile] = []
     for method in methods:  # the file is rewritten after each method: an interrupted run keeps what it did
         results.append(profile_method(model, method, SETTING, device, steps, args.warmup))

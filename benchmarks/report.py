@@ -154,6 +154,9 @@ def _rows_of_run(data: dict, info: dict, *, run_id: str, source: str) -> list[Ro
         if name in info and not isinstance(info[name], kind):
             raise ValueError(f"machine_info.vase_bench.{name}: expected {'a string' if kind is str else 'an object'}; "
                              f"got {info[name]!r}")  # fmt: skip
+    for name, version in info.get("versions", {}).items():
+        if version is not None and not isinstance(version, str):
+            raise ValueError(f"machine_info.vase_bench.versions.{name}: expected a string or null; got {version!r}")
     run = Run(
         id=run_id,
         source=source,
@@ -224,18 +227,43 @@ class RowIndex:
         for row in rows:
             self._rows.setdefault((row.run.device, *row.record.key), []).append(row)
 
+    def timed(self, device: str, key: tuple) -> list[Row]:
+        """The timed rows of `key` on `device`, in the order their runs were given."""
+        return [row for row in self._rows.get((device, *key), []) if row.median_s is not None]
+
     def find(self, device: str, key: tuple, prefer_run: Optional[str] = None) -> Optional[Row]:
-        candidates = [row for row in self._rows.get((device, *key), []) if row.median_s is not None]
+        candidates = self.timed(device, key)
         for row in candidates:
             if row.run.id == prefer_run:
                 return row
         return candidates[0] if candidates else None
 
 
+def provider_row(index: RowIndex, row: Row, provider: str) -> Optional[Row]:
+    """The timed row of `provider` on `row`'s device, suite, kernel and shape: `row`'s run's, else
+    the first other run's that has one (`other_run_note` says which)."""
+    suite, kernel, _, shape = row.record.key
+    return index.find(row.run.device, (suite, kernel, provider, shape), row.run.id)
+
+
+def relative_row(index: RowIndex, row: Row) -> Optional[Row]:
+    """The timed `relative_to` row of `row` (e.g. one decode step), chosen as `provider_row` does."""
+    if row.record.relative_to is None:
+        return None
+    return index.find(row.run.device, row.record.relative_to, row.run.id)
+
+
+def other_run_note(index: RowIndex, row: Row, other: Optional[Row]) -> str:
+    """` (against run #k)` when `other`, the row `row` is compared with, comes from another run and
+    more than one run has such a row (which one was taken is then worth saying)."""
+    if other is None or other.run.id == row.run.id or len(index.timed(other.run.device, other.record.key)) < 2:
+        return ""
+    return f" (against run {other.run.id})"
+
+
 def speedup(index: RowIndex, row: Row, provider: str) -> Optional[float]:
     """How many times faster `row` is than `provider` on the same shape; None when either is untimed."""
-    suite, kernel, _, shape = row.record.key
-    other = index.find(row.run.device, (suite, kernel, provider, shape), row.run.id)
+    other = provider_row(index, row, provider)
     if other is None or row.median_s is None:
         return None
     return other.median_s / row.median_s
@@ -243,15 +271,17 @@ def speedup(index: RowIndex, row: Row, provider: str) -> Optional[float]:
 
 def relative_percent(index: RowIndex, row: Row) -> Optional[float]:
     """`row`'s per-step time as a percentage of its `relative_to` row (e.g. one decode step)."""
-    if row.per_step_s is None or row.record.relative_to is None:
-        return None
-    other = index.find(row.run.device, row.record.relative_to, row.run.id)
-    if other is None:
+    other = relative_row(index, row)
+    if row.per_step_s is None or other is None:
         return None
     return 100.0 * row.per_step_s / other.median_s
 
 
 # ----------------------------------------------------------------------------- comparison
+
+
+MEDIAN = "median"  # a kernel row's median time
+SUMMED_STEPS = "summed steps"  # an end-to-end row's step latencies summed over the lengths both runs reached
 
 
 @dataclass(frozen=True)
@@ -266,6 +296,7 @@ class Change:
     threshold: float
     comparable: bool = True
     in_new_run: bool = False  # the row is in the new run (untimed there when `new_s` is None)
+    measure: str = MEDIAN  # what `old_s` and `new_s` are: `MEDIAN` or `SUMMED_STEPS`
 
     @property
     def change(self) -> Optional[float]:
@@ -297,7 +328,7 @@ def _timed_rows(rows: Sequence[Row], side: str) -> dict[tuple, Row]:
             continue
         key = (row.run.device, *row.record.key)
         if key in timed:
-            raise ValueError(f"{side}: the row {' / '.join(key)} is in both {timed[key].run.source} and "
+            raise ValueError(f"argument {side}: the row {' / '.join(key)} is in both {timed[key].run.source} and "
                              f"{row.run.source}; compare one run of it at a time")  # fmt: skip
         timed[key] = row
     return timed
@@ -311,7 +342,8 @@ def _change(key: tuple, new: Optional[Row], old: Optional[Row], threshold: float
     common = sorted(new_steps.keys() & old_steps.keys())
     if not common:
         return Change(key, old.median_s, new.median_s, threshold, comparable=False, in_new_run=True)
-    return Change(key, sum(old_steps[n] for n in common), sum(new_steps[n] for n in common), threshold, in_new_run=True)
+    return Change(key, sum(old_steps[n] for n in common), sum(new_steps[n] for n in common), threshold, in_new_run=True,
+                  measure=SUMMED_STEPS)
 
 
 def compare(new_rows: Sequence[Row], old_rows: Sequence[Row], threshold: float) -> list[Change]:
@@ -442,11 +474,14 @@ def _prefill_checks(rows: Sequence[Row], index: RowIndex) -> list[TargetCheck]:
             continue
         shape = f"{record.shape} (run {row.run.id})"
         over_sdpa = speedup(index, row, "sdpa")
-        measured = ABSENT if over_sdpa is None else f"{over_sdpa:.2f}x SDPA ({format_number(row.tflops)} TFLOP/s)"
+        measured = ABSENT if over_sdpa is None else (
+            f"{over_sdpa:.2f}x SDPA ({format_number(row.tflops)} TFLOP/s)"
+            f"{other_run_note(index, row, provider_row(index, row, 'sdpa'))}")
         checks.append(TargetCheck(PREFILL_TARGET, shape, measured, None if over_sdpa is None else over_sdpa >= 0.9))
         over_plain = speedup(index, row, "vase")
         overhead = None if over_plain is None else 100.0 * (1.0 / over_plain - 1.0)
-        measured = ABSENT if overhead is None else f"{overhead:+.1f} % ({format_time(row.median_s)})"
+        measured = ABSENT if overhead is None else (
+            f"{overhead:+.1f} % ({format_time(row.median_s)}){other_run_note(index, row, provider_row(index, row, 'vase'))}")
         checks.append(TargetCheck(EMISSION_TARGET, shape, measured, None if overhead is None else overhead <= 10.0))
     return checks
 
@@ -478,7 +513,8 @@ def _eviction_checks(rows: Sequence[Row], index: RowIndex) -> list[TargetCheck]:
         percent = relative_percent(index, row)
         mode = record.details.get("score_mode", "recompute")
         measured = ABSENT if percent is None else (
-            f"{percent:.2f} % ({format_time(row.per_step_s)} a step{_timed_as(row)})")
+            f"{percent:.2f} % ({format_time(row.per_step_s)} a step{_timed_as(row)})"
+            f"{other_run_note(index, row, relative_row(index, row))}")
         checks.append(TargetCheck(EVICTION_TARGET, f"{record.shape}, {mode} (run {row.run.id})", measured,
                                   None if percent is None else percent <= 3.0))  # fmt: skip
     return checks
@@ -497,7 +533,7 @@ def _end_to_end_checks(rows: Sequence[Row], index: RowIndex) -> list[TargetCheck
             other = index.find(row.run.device, (record.suite, record.kernel, base, record.shape), row.run.id)
             theirs = None if other is None else {p.generated: p for p in other.record.curve}.get(END_TO_END_LENGTH)
             ratios.append(None if theirs is None else ours.tokens_per_s / theirs.tokens_per_s)
-            part = f"vs {base} {format_speedup(ratios[-1])}"
+            part = f"vs {base} {format_speedup(ratios[-1])}{other_run_note(index, row, other) if theirs else ''}"
             their_bytes = None if theirs is None else step_bytes(other, theirs)
             if their_bytes and step_bytes(row, ours):
                 part += f" (bytes allow {format_speedup(their_bytes / step_bytes(row, ours))})"
@@ -559,13 +595,18 @@ def kernel_section(suite: str, rows: Sequence[Row], index: RowIndex) -> list[str
         if with_flops or with_bytes:
             cells.append(format_number(row.roofline_percent, " %") if row.run.roofline else "no roofline")
         for provider in alternatives:
-            cells.append(format_speedup(speedup(index, row, provider)) if provider in record.compare_to else NOT_APPLICABLE)
+            if provider in record.compare_to and speedup(index, row, provider) is not None:
+                note = other_run_note(index, row, provider_row(index, row, provider))
+                cells.append(format_speedup(speedup(index, row, provider)) + note)
+            else:
+                cells.append(ABSENT if provider in record.compare_to else NOT_APPLICABLE)
         if with_steps:
             cells.append(format_time(row.per_step_s) if record.per_step else NOT_APPLICABLE)
             percent = relative_percent(index, row)
             for relative in relatives:
                 of_it = record.relative_to is not None and record.relative_to[:3] == relative
-                cells.append(format_number(percent, " %", digits=2) if of_it else NOT_APPLICABLE)
+                note = other_run_note(index, row, relative_row(index, row)) if percent is not None else ""
+                cells.append(format_number(percent, " %", digits=2) + note if of_it else NOT_APPLICABLE)
         body.append(cells)
     first_number = header.index("median")
     lines = [f"## {suite}", ""]
@@ -599,7 +640,7 @@ def curve_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
             steps = [point.step_s for point in row.record.curve]
             body.append(
                 [row.record.provider]
-                + _cells_by_length(row, lengths, lambda p: f"{format_time(p.step_s)} · {p.tokens_per_s:,.0f} tok/s")
+                + _cells_by_length(row, lengths, lambda p: f"{format_time(p.step_s)} · {format_number(p.tokens_per_s, ' tok/s', 0)}")
                 + [format_speedup(steps[-1] / steps[0]) if len(steps) > 1 else ABSENT]
             )
         lines += _table(header, body, right_from=1) + [""]
@@ -613,7 +654,8 @@ def curve_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
                 other = index.find(row.run.device, (row.record.suite, row.record.kernel, base, row.record.shape), row.run.id)
                 ratios = _curve_ratios(row, other, lengths)
                 pays = next((f"{length:,} tokens" for length in lengths if (ratios[length] or 0) > 1.0), "not within the run")
-                body.append([row.record.provider, base] + [format_speedup(ratios[length]) for length in lengths] + [pays])
+                vs = base + other_run_note(index, row, other)
+                body.append([row.record.provider, vs] + [format_speedup(ratios[length]) for length in lengths] + [pays])
             lines += _table(header, body, right_from=2) + [""]
         lines += _bytes_section(members, pairs, lengths, index)
         lines += ["Memory at each length: KV cache held · peak allocated device memory (CUDA only):", ""]
@@ -673,7 +715,7 @@ def _bytes_section(
         other = index.find(row.run.device, (row.record.suite, row.record.kernel, base, row.record.shape), row.run.id)
         theirs = {} if other is None else {point.generated: step_bytes(other, point) for point in other.record.curve}
         ours = {point.generated: step_bytes(row, point) for point in row.record.curve}
-        body.append([row.record.provider, base] + [
+        body.append([row.record.provider, base + other_run_note(index, row, other)] + [
             format_speedup(theirs[length] / ours[length]) if theirs.get(length) and ours.get(length) else ABSENT
             for length in lengths
         ])  # fmt: skip
@@ -696,17 +738,22 @@ def _memory_cell(point: CurvePoint) -> str:
     return f"{format_bytes(point.kv_bytes)}{peak}"
 
 
+def _tokens(count: Optional[int], what: str) -> str:
+    """`1,024 {what}`, or `{what}: absent` for a record without the count."""
+    return f"{what}: {ABSENT}" if count is None else f"{count:,} {what}"
+
+
 def _run_summary(row: Row) -> str:
     details = row.record.details
     if details.get("sampled"):
-        summary = f"{len(row.record.curve)} lengths sampled, the longest {details.get('generated', 0):,} tokens"
+        summary = f"{len(row.record.curve)} lengths sampled, the longest {_tokens(details.get('generated'), 'tokens')}"
     else:
-        summary = f"{details.get('generated', 0):,} tokens generated"
+        summary = _tokens(details.get("generated"), "tokens generated")
     if details.get("time_limited"):
         summary += " (stopped at the time limit)"
     tokens_per_s = details.get("tokens_per_s")
     if tokens_per_s:
-        summary += f", {tokens_per_s:,.1f} tok/s over the whole decode"
+        summary += f", {format_number(tokens_per_s, ' tok/s')} over the whole decode"
     return summary
 
 
@@ -720,7 +767,7 @@ def _curve_ratios(row: Row, other: Optional[Row], lengths: Sequence[int]) -> dic
 
 def _paper_setting(row: Row) -> str:
     details = row.record.details
-    setting = f"{row.record.shape} · {details.get('generated', 0):,} new tokens"
+    setting = f"{row.record.shape} · {_tokens(details.get('generated'), 'new tokens')}"
     sampled = details.get("estimated_from")
     if sampled:
         setting += f" (estimated from step times at {', '.join(f'{length:,}' for length in sampled)} tokens)"
@@ -748,7 +795,8 @@ def paper_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
             row.run.id, _paper_setting(row), row.record.provider,
             format_number(ours), format_bytes(details.get("peak_bytes")),
             format_bytes(details.get("kv_bytes")),
-            NOT_APPLICABLE if is_baseline else format_speedup(vs_full),
+            NOT_APPLICABLE if is_baseline else format_speedup(vs_full) + (
+                other_run_note(index, row, base) if vs_full else ""),
             format_number(paper), format_number(details.get("paper_peak_gb")),
             format_speedup(paper / paper_base) if paper and paper_base and not is_baseline else NOT_APPLICABLE,
         ])  # fmt: skip
@@ -916,10 +964,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     threshold = (DEFAULT_THRESHOLD_PERCENT if args.threshold is None else args.threshold) / 100.0
     changes = None
     if args.compare:
+        results = {path.resolve() for path in args.results}
+        for path in args.compare:
+            if path.resolve() in results:
+                parser.exit(2, f"{parser.prog}: error: argument --compare: {path}: also given as a result; "
+                               "compare two different runs\n")  # fmt: skip
         try:
             changes = compare(rows, _load_argument(parser, "--compare", args.compare, "old #"), threshold)
         except ValueError as error:
-            parser.exit(2, f"{parser.prog}: error: argument --compare: {error}\n")
+            parser.exit(2, f"{parser.prog}: error: {error}\n")
         if all(change.old_s is None or change.new_s is None for change in changes):
             devices = sorted({row.run.device for row in rows})
             parser.exit(2, f"{parser.prog}: error: argument --compare: no timed row matches one of this run by "
@@ -938,7 +991,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"report written to {args.out / 'report.md'} ({len(rows)} rows)")
     regressions = [change for change in changes or () if change.verdict == "REGRESSION"]
     for change in regressions:
-        print(f"regression: {' / '.join(change.key)}: {100 * change.change:+.1f} % on the median", file=sys.stderr)
+        measure = "on the median" if change.measure == MEDIAN else "on the step latencies summed over common lengths"
+        print(f"regression: {' / '.join(change.key)}: {100 * change.change:+.1f} % {measure}", file=sys.stderr)
     return 1 if regressions else 0
 
 

@@ -18,7 +18,7 @@ measures, at every eviction of every layer and KV head:
   distributions over the candidates `vase` samples from (pooled attention, after sinks
   and value-protected tokens), i.e. the distance between the first draws of the two.
 
-    python benchmarks/score_mode_agreement.py [--model testbed|tiny|PATH] [--tokens 1200] [--budget 256]
+    python benchmarks/score_mode_agreement.py [--model testbed|tiny|PATH] [--tokens 1200] [--budget 128 256]
 
 The model runs once with full attention (greedy), its post-RoPE queries, keys and values
 are captured, and two cache layers (one per mode) replay them token by token, kept in the

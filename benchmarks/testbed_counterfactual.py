@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the new fact values")
     parser.add_argument("--batch-size", type=positive_int, default=64)
     args = parser.parse_args()
-    if args.model_dir and not (Path(args.model_dir) / "config.json").is_file():
+    if args.model_dir is not None and not (Path(args.model_dir) / "config.json").is_file():
         parser.error(f"--model-dir: expected a trained testbed model directory (with config.json); got {args.model_dir}")
     from vase_triton.testbed.model import load_testbed
     from vase_triton.testbed.tokenizer import build_tokenizer

@@ -278,7 +278,8 @@ def test_comparison_flags_a_slowed_row_and_passes_an_unchanged_one(tmp_path, cap
     assert report.main([str(same), "--out", str(tmp_path / "a"), "--compare", str(old)]) == 0
     assert report.main([str(within), "--out", str(tmp_path / "b"), "--compare", str(old)]) == 0
     assert report.main([str(slower), "--out", str(tmp_path / "c"), "--compare", str(old)]) == 1
-    assert "regression: NVIDIA H200 / decode / decode attention (one step) / vase" in capsys.readouterr().err
+    assert ("regression: NVIDIA H200 / decode / decode attention (one step) / vase / Qwen3-8B B16 C4160: +10.0 % "
+            "on the median") in capsys.readouterr().err
     assert report.main([str(slower), "--out", str(tmp_path / "d"), "--compare", str(old), "--threshold", "15"]) == 0
 
     changes = report.compare(report.load_runs([slower]), report.load_runs([old]), 0.05)
@@ -351,13 +352,23 @@ def _drop(mapping: dict, key: str) -> None:
      (lambda d: _end_to_end(d)["details"].update(weight_bytes="2e9"),
       "details.weight_bytes: expected a positive count or null; got '2e9'"),
      (lambda d: _end_to_end(d)["details"].update(batch=0), "details.batch: expected a positive count or null; got 0"),
-     (lambda d: _end_to_end(d)["details"].update(timing=5), "details.timing: expected a string; got 5"),
-     (lambda d: _end_to_end(d).update(details="x"), "details: expected an object; got 'x'")],
+     (lambda d: _end_to_end(d)["details"].update(timing=5), "details.timing: expected a string or null; got 5"),
+     (lambda d: _end_to_end(d).update(details="x"), "details: expected an object; got 'x'"),
+     (lambda d: _end_to_end(d)["details"].update(generated="4096"),
+      "details.generated: expected a count >= 0 or null; got '4096'"),
+     (lambda d: _end_to_end(d)["details"].update(tokens_per_s="9"),
+      "details.tokens_per_s: expected a positive number or null; got '9'"),
+     (lambda d: _end_to_end(d)["details"].update(sampled="yes"), "details.sampled: expected true, false or null"),
+     (lambda d: _end_to_end(d)["details"].update(estimated_from=[64, "x"]),
+      "details.estimated_from: expected a list of token counts or null"),
+     (lambda d: d["machine_info"]["vase_bench"]["versions"].update(torch=5),
+      "machine_info.vase_bench.versions.torch: expected a string or null; got 5")],
     ids=["no-device", "record-not-a-dict", "versions-null", "device-a-number", "row-not-a-dict", "no-median",
          "median-a-string", "median-a-boolean", "a-sample-a-string", "flops-a-string", "negative-flops",
          "shape-a-number", "no-provider", "compare-to-a-string", "a-row-twice", "curve-point-fields",
          "zero-bandwidth", "boolean-bandwidth", "zero-step", "zero-tokens-per-s", "weights-a-string", "zero-batch",
-         "timing-a-number", "details-a-list"],
+         "timing-a-number", "details-a-list", "generated-a-string", "tokens-per-s-a-string", "sampled-a-string",
+         "estimated-from-a-string", "version-a-number"],
 )  # fmt: skip
 def test_a_hand_edited_record_is_a_one_line_error_naming_the_file(tmp_path, capsys, edit, problem):
     path = _edited(tmp_path, edit)
@@ -596,8 +607,52 @@ def test_a_row_in_two_files_of_one_side_of_a_comparison_is_an_error(tmp_path, ca
             report.main([*map(str, argv), "--out", str(tmp_path / "r")])
         assert exit_info.value.code == 2
         error = capsys.readouterr().err
-        assert error.startswith(f"python -m benchmarks.report: error: argument --compare: {side}: the row NVIDIA H200 / ")
+        assert error.startswith(f"python -m benchmarks.report: error: argument {side}: the row NVIDIA H200 / ")
         assert "compare one run of it at a time" in error and error.count("\n") == 1
+
+
+def test_an_end_to_end_regression_names_its_measure_and_small_rates_are_not_rounded_to_zero(tmp_path, capsys):
+    def end_to_end(step_s, tokens_per_s, details):
+        return [(Record(*E2E, "vase-2048", "Qwen3-8B (2 layers) B16 P256", details=details,
+                        curve=(CurvePoint(1024, step_s, tokens_per_s, 2**29),)), [step_s])]  # fmt: skip
+
+    old = write_synthetic(tmp_path / "old.json", end_to_end(1.0, 16.0, {"generated": 1024}))
+    slow = write_synthetic(tmp_path / "slow.json", end_to_end(53.3, 0.3, {"tokens_per_s": 0.04}))
+    assert report.main([str(slow), "--out", str(tmp_path / "r"), "--compare", str(old)]) == 1
+    assert "+5230.0 % on the step latencies summed over common lengths" in capsys.readouterr().err
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert "53.30 s · 0.3 tok/s" in text
+    assert "tokens generated: absent, 0.04 tok/s over the whole decode" in text
+
+
+def test_a_file_compared_with_itself_is_an_error(tmp_path, capsys):
+    old = write_synthetic(tmp_path / "old.json", synthetic_rows())
+    with pytest.raises(SystemExit) as exit_info:
+        report.main([str(old), "--out", str(tmp_path / "r"), "--compare", str(tmp_path / "." / "old.json")])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "argument --compare: " in error and "also given as a result" in error and error.count("\n") == 1
+
+
+def test_several_runs_of_a_baseline_name_the_one_a_row_is_compared_with(tmp_path):
+    """The eviction rows' share of a decode step, with the decode rows in two other runs: the
+    first one given is taken, and the cell says so (the order of the files decides it)."""
+    def of_suite(suite, slowdown=1.0):
+        return [(record, samples) for record, samples in synthetic_rows(slowdown) if record.suite == suite]
+
+    files = [write_synthetic(tmp_path / "eviction.json", of_suite("eviction")),
+             write_synthetic(tmp_path / "decode.json", of_suite("decode")),
+             write_synthetic(tmp_path / "slow.json", of_suite("decode", 2.0))]
+    loaded = report.load_runs(files)
+    index = report.RowIndex(loaded)
+    eviction = next(row for row in loaded if row.record.key[2] == "vase" and row.record.suite == "eviction")
+    chosen = report.relative_row(index, eviction)
+    assert chosen.run.id == "#2" and report.relative_percent(index, eviction) == pytest.approx(2.0)
+    assert report.other_run_note(index, eviction, chosen) == " (against run #2)"
+    assert report.main([*map(str, files), "--out", str(tmp_path / "r")]) == 0
+    assert "2.00 % (against run #2)" in (tmp_path / "r" / "report.md").read_text()
+    alone = report.RowIndex(report.load_runs(files[:2]))
+    assert report.other_run_note(alone, eviction, report.relative_row(alone, eviction)) == ""
 
 
 def test_a_median_exactly_at_the_threshold_is_not_a_regression(tmp_path):
