@@ -22,12 +22,6 @@ DECODE_SUITE = "decode"
 DECODE_KERNEL = "decode attention (one step)"
 
 
-# `Record.details` entries the report formats, by kind.
-DETAIL_STRINGS = ("timing", "score_mode", "method", "curve_measure", "weights")
-DETAIL_COUNTS = ("generated", "kv_bytes", "peak_bytes")
-DETAIL_RATES = ("tokens_per_s", "paper_tokens_per_s", "paper_peak_gb")
-
-
 def is_number(value) -> bool:
     """A JSON number (NaN and infinities included), not a boolean."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -45,6 +39,20 @@ def _is_finite(value) -> bool:
 def _check(name: str, ok: bool, expected: str, value) -> None:
     if not ok:
         raise ValueError(f"{name}: expected {expected}; got {value!r}")
+
+
+# The `Record.details` entries the report formats: name -> (the kind it must be, absent or null aside; its
+# description). Checked on load, so that a hand-edited record is refused, not a traceback mid-report.
+_DETAIL_KINDS = {
+    **{name: (lambda v: isinstance(v, str), "a string") for name in
+       ("timing", "score_mode", "method", "curve_measure", "weights")},
+    **{name: (lambda v: is_count(v) and v >= 0, "a count >= 0") for name in ("generated", "kv_bytes", "peak_bytes")},
+    **{name: (lambda v: is_count(v) and v > 0, "a positive count") for name in ("weight_bytes", "batch")},
+    **{name: (lambda v: _is_finite(v) and v > 0, "a positive number") for name in
+       ("tokens_per_s", "paper_tokens_per_s", "paper_peak_gb")},
+    **{name: (lambda v: isinstance(v, bool), "true, false") for name in ("sampled", "time_limited")},
+    "estimated_from": (lambda v: isinstance(v, list) and all(is_count(n) for n in v), "a list of token counts"),
+}
 
 
 @dataclass(frozen=True)
@@ -123,28 +131,9 @@ class Record:
         relative = self.relative_to
         _check("relative_to", relative is None or (len(relative) == 4 and all(isinstance(p, str) for p in relative)),
                "(suite, kernel, provider, shape) or None", relative)  # fmt: skip
-        # The details the report reads, each of the kind it formats (or absent / null).
-        details = self.details
-        for name in DETAIL_STRINGS:
-            value = details.get(name)
-            _check(f"details.{name}", value is None or isinstance(value, str), "a string or null", value)
-        for name in DETAIL_COUNTS:
-            value = details.get(name)
-            _check(f"details.{name}", value is None or (is_count(value) and value >= 0), "a count >= 0 or null", value)
-        for name in ("weight_bytes", "batch"):
-            value = details.get(name)
-            _check(f"details.{name}", value is None or (is_count(value) and value > 0), "a positive count or null",
-                   value)  # fmt: skip
-        for name in DETAIL_RATES:
-            value = details.get(name)
-            _check(f"details.{name}", value is None or (_is_finite(value) and value > 0), "a positive number or null",
-                   value)  # fmt: skip
-        for name in ("sampled", "time_limited"):
-            value = details.get(name)
-            _check(f"details.{name}", value is None or isinstance(value, bool), "true, false or null", value)
-        lengths = details.get("estimated_from")
-        _check("details.estimated_from", lengths is None or (isinstance(lengths, list) and all(is_count(n) for n in lengths)),
-               "a list of token counts or null", lengths)  # fmt: skip
+        for name, (valid, expected) in _DETAIL_KINDS.items():
+            value = self.details.get(name)
+            _check(f"details.{name}", value is None or valid(value), f"{expected} or null", value)
 
     @property
     def key(self) -> tuple[str, str, str, str]:

@@ -595,11 +595,12 @@ def kernel_section(suite: str, rows: Sequence[Row], index: RowIndex) -> list[str
         if with_flops or with_bytes:
             cells.append(format_number(row.roofline_percent, " %") if row.run.roofline else "no roofline")
         for provider in alternatives:
-            if provider in record.compare_to and speedup(index, row, provider) is not None:
-                note = other_run_note(index, row, provider_row(index, row, provider))
-                cells.append(format_speedup(speedup(index, row, provider)) + note)
-            else:
-                cells.append(ABSENT if provider in record.compare_to else NOT_APPLICABLE)
+            if provider not in record.compare_to:
+                cells.append(NOT_APPLICABLE)
+                continue
+            faster = speedup(index, row, provider)
+            note = "" if faster is None else other_run_note(index, row, provider_row(index, row, provider))
+            cells.append(format_speedup(faster) + note)
         if with_steps:
             cells.append(format_time(row.per_step_s) if record.per_step else NOT_APPLICABLE)
             percent = relative_percent(index, row)

@@ -54,7 +54,7 @@ class VaSEConfig:
             with the layer and the eviction counter.
         prefill_chunk_size: multi-token inputs (prompts, new chat turns) are processed in
             chunks of at most this many tokens, the cache compressed between chunks, so
-            prefill holds at most `capacity + prefill_chunk_size` slots per row and layer At least
+            prefill holds at most `capacity + prefill_chunk_size` slots per row and layer. At least
             `window` for a policy that evicts (a chunk that compresses is its observation window).
     """
 

@@ -104,9 +104,15 @@ def finite_float(low: float = 0.0, high: float = math.inf):
 # policy that would ignore it, it is refused (`_why_ignored`); not given, the field's default.
 _POLICY_DEPENDENT_OPTIONS = {
     "--budget": "budget", "--window": "window", "--n-sink": "n_sink", "--protect-values": "protect_values",
-    "--n-protect": "n_protect", "--value-stat": "value_stat", "--evict-temperature": "temperature", "--score-mode": "score_mode", "--pool-kernel": "pool_kernel",
-    "--rkv-lambda": "rkv_lambda", "--dkv-rank": "dkv_rank",
+    "--n-protect": "n_protect", "--value-stat": "value_stat", "--evict-temperature": "temperature",
+    "--score-mode": "score_mode", "--pool-kernel": "pool_kernel", "--rkv-lambda": "rkv_lambda",
+    "--dkv-rank": "dkv_rank",
 }
+
+
+def _readers(field: str) -> str:
+    """The registered policies whose importance reads `VaSEConfig` field `field` (`Policy.reads`)."""
+    return ", ".join(name for name, policy in POLICIES.items() if field in policy.reads)
 
 
 def add_config_arguments(
@@ -133,15 +139,12 @@ def add_config_arguments(
     group.add_argument("--score-mode", choices=SCORE_MODES,
                        help=f"window attention of window-observing policies: recompute (the paper's) or emitted by "
                             f"decode attention (default {defaults.score_mode})")
-    def readers(field: str) -> str:
-        return ", ".join(name for name, policy in POLICIES.items() if field in policy.reads)
-
     group.add_argument("--pool-kernel", type=positive_int,
-                       help=f"importance pool width (odd; default {defaults.pool_kernel}); {readers('pool_kernel')}")
+                       help=f"importance pool width (odd; default {defaults.pool_kernel}); {_readers('pool_kernel')}")
     group.add_argument("--rkv-lambda", type=finite_float(0.0, 1.0),
-                       help=f"R-KV trade-off λ (default {defaults.rkv_lambda:g}); {readers('rkv_lambda')}")
+                       help=f"R-KV trade-off λ (default {defaults.rkv_lambda:g}); {_readers('rkv_lambda')}")
     group.add_argument("--dkv-rank", type=positive_int,
-                       help=f"projection width (default {defaults.dkv_rank}); {readers('dkv_rank')}")
+                       help=f"projection width (default {defaults.dkv_rank}); {_readers('dkv_rank')}")
     group.add_argument("--prefill-chunk-size", type=positive_int, default=defaults.prefill_chunk_size,
                        help="tokens per prefill chunk (peak prefill memory: capacity + chunk)")
 
@@ -150,10 +153,12 @@ def _why_ignored(field: str, policy: Policy, protect_values: Optional[bool]) -> 
     """Why `policy` would ignore `VaSEConfig` field `field` (`protect_values`: the option's value), or None."""
     if not policy.evicts:
         return f"the {policy.name!r} policy keeps every token"
-    protects = policy.protect_values if protect_values is None else protect_values
-    if field in ("n_protect", "value_stat") and not protects and field not in policy.reads:
-        return f"value protection is off for policy {policy.name!r} (--protect-values turns it on)"
-    if field in SETTINGS_A_POLICY_MAY_READ and field != "value_stat" and field not in policy.reads:
+    if field in policy.reads:
+        return None
+    if field in ("n_protect", "value_stat"):
+        protects = policy.protect_values if protect_values is None else protect_values
+        return None if protects else f"value protection is off for policy {policy.name!r} (--protect-values turns it on)"
+    if field in SETTINGS_A_POLICY_MAY_READ:
         return f"policy {policy.name!r} does not read {field}"
     if field == "temperature" and not policy.stochastic:
         return f"policy {policy.name!r} keeps the top-ranked candidates without sampling"

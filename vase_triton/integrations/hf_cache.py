@@ -486,7 +486,6 @@ class VaSECache(Cache):
         store = self.stores[layer_idx]
         if self.is_decode_step:
             store.check_inputs(query, key, value, scale)  # shapes and dtypes only: free once traced
-            store.use_query_heads(query.shape[1])
             if not torch.compiler.is_compiling():
                 self._layers_stored += 1
             return store.decode_step(query, key, value, scale=scale)
