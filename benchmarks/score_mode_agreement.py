@@ -144,8 +144,6 @@ def load(model_name: str, seed: int):
     from vase_triton.integrations.loading import load_causal_lm
 
     path = Path(model_name)
-    if not path.is_dir():
-        raise SystemExit(f"--model: expected 'testbed', 'tiny' or a local checkpoint directory; got {model_name!r}")
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = load_causal_lm(path, dtype=torch.float32).eval()
     prompt = "Solve step by step: what is 17 * 23 + 4?"
@@ -173,6 +171,8 @@ def main() -> None:
                         help="random model seed, or the first held-out testbed problem")  # fmt: skip
     parser.add_argument("--sequences", type=positive_int, default=1, help="sequences (seeds seed, seed + 1, ...) pooled")
     args = parser.parse_args()
+    if args.model not in ("testbed", "tiny") and not Path(args.model).is_dir():
+        parser.error(f"--model: expected 'testbed', 'tiny' or a local checkpoint directory; got {args.model!r}")
     for budget in args.budget:
         try:
             VaSEConfig(policy="snapkv", budget=budget, window=args.window)
