@@ -1,20 +1,24 @@
 """Eviction per policy: importance, selection and compaction of one full cache layer, against the reference.
 
-Each timed call refills `lengths` to `C` (one tiny fill, in both providers) and runs
-`VaSECacheLayer.evict()`: the policy's importance (for window policies the `recompute`
-scores: the ring of the last `window` queries attending over the candidates), then the
-fused select-and-compact (`vase`) or the PyTorch reference of every op (`reference`,
-`VASE_BACKEND=torch`). `vase` rows are timed as CUDA-graph replays, as generation under
-CUDA graphs runs them (`vase_triton.eviction_graph`); the reference reads its eviction
-counter back to the host, which no capture allows, so its rows are timed as eager calls,
-launch overhead included (each row states its timing). An eviction comes once every
-`window` decode steps: the report divides by `window` and shows the result as a
+Each timed call restores the prefilled layer's `lengths` (`C`), token positions and scores
+(small copies, in both providers), as the decode steps since the previous eviction would
+have left them, and runs `VaSECacheLayer.evict()`: the policy's importance (for window
+policies the `recompute` scores: the ring of the last `window` queries attending over the
+candidates), then the fused select-and-compact (`vase`) or the PyTorch reference of every
+op (`reference`, `VASE_BACKEND=torch`). Without that restore, the slots an eviction frees
+would enter the next one with position -1 and score 0, and `streaming`, `h2o` and `tova`
+would evict them and move only the window. `vase` rows are timed as CUDA-graph replays, as
+generation under CUDA graphs runs them (`vase_triton.eviction_graph`); the reference reads
+its eviction counter back to the host, which no capture allows, so its rows are timed as
+eager calls, launch overhead included (each row states its timing). An eviction comes once
+every `window` decode steps: the report divides by `window` and shows the result as a
 percentage of one decode attention step of the same shape (the decode suite's `vase` row).
-GB/s counts the select-and-compact traffic only (`CacheShape.eviction_bytes`).
+GB/s counts the select-and-compact traffic only (`CacheShape.eviction_bytes`), with the
+survivors that change slot (the only ones compaction copies) counted on one call.
 
 `eviction vase (emitted)` is `vase` under `score_mode="emitted"`: its importance is the
 window attention that decode accumulated in the score buffer, so the eviction reads no
-keys before compacting. Each timed call first restores that buffer from a fixed draw of
+keys before compacting. Each timed call restores that buffer from a fixed draw of
 uniform scores (continuous, so sampled evictions spread over the row as real ones do; an
 eviction clears the buffer). Its percentage is of the decode step that emits those scores
 (the decode suite's `vase+scores` row).
@@ -39,6 +43,7 @@ from benchmarks import profiles, timing
 from benchmarks.cache_layers import prefilled_layer
 from benchmarks.records import COPY, DECODE_KERNEL, DECODE_SUITE, MATMUL, Record
 from benchmarks.shapes import BATCH_SIZES, BUDGETS, QWEN3, TINY, CacheShape
+from vase_triton.cache import VaSECacheLayer
 from vase_triton.config import VaSEConfig
 from vase_triton.policies import POLICIES
 
@@ -56,6 +61,34 @@ SHAPES = profiles.pick({
 })  # fmt: skip
 
 
+class TimedEviction:
+    """One timed call on the full, prefilled `layer`: restore its lengths (`C`), token positions
+    and scores (`observed` instead, when given) as they were before the first call, then evict
+    (ranking by `importance` when given)."""
+
+    def __init__(self, layer: VaSECacheLayer, importance: Optional[torch.Tensor] = None,
+                 observed: Optional[torch.Tensor] = None) -> None:  # fmt: skip
+        self.layer = layer
+        self.importance = importance
+        self.prefilled_positions = layer.positions.clone()  # [B, Hkv, C], distinct in each row
+        self.prefilled_scores = layer.scores.clone() if observed is None else observed
+
+    def __call__(self) -> None:
+        layer = self.layer
+        layer.lengths.fill_(layer.capacity)
+        layer.length_bound = layer.capacity
+        layer.positions.copy_(self.prefilled_positions)
+        layer.scores.copy_(self.prefilled_scores)
+        layer.evict(self.importance)
+
+    def moved_survivors(self) -> int:
+        """Survivors that change slot in one call, over all rows (compaction copies only those):
+        a destination slot whose position changed received a survivor from another slot."""
+        self()
+        budget = self.layer.config.budget
+        return int((self.layer.positions[..., :budget] != self.prefilled_positions[..., :budget]).sum())
+
+
 def _time_eviction(benchmark, device, monkeypatch, shape: CacheShape, config: VaSEConfig, implementation: str,
                    kernel: str, decode_provider: str, observed: Optional[torch.Tensor] = None,
                    given_importance: bool = False) -> None:
@@ -71,16 +104,10 @@ def _time_eviction(benchmark, device, monkeypatch, shape: CacheShape, config: Va
     if implementation == "reference":
         monkeypatch.setenv("VASE_BACKEND", "torch")
 
-    def evict() -> None:
-        layer.lengths.fill_(shape.capacity)
-        layer.length_bound = shape.capacity
-        if observed is not None:
-            layer.scores.copy_(observed)
-        layer.evict(importance)
-
+    evict = TimedEviction(layer, importance, observed)
     record = Record(
         SUITE, kernel, implementation, shape.name,
-        bytes_moved=shape.eviction_bytes(), roofline=COPY,
+        bytes_moved=shape.eviction_bytes(evict.moved_survivors()), roofline=COPY,
         compare_to=("reference",) if implementation == "vase" else (),
         per_step=shape.window, relative_to=(DECODE_SUITE, DECODE_KERNEL, decode_provider, shape.name),
         details={"dtype": "bfloat16", "score_mode": config.score_mode, "n_protect": config.resolved_n_protect},

@@ -148,17 +148,18 @@ class CacheShape:
         energies = 3 * 4 * self.capacity
         return float(rows * (kv + projection + energies))
 
-    def eviction_bytes(self, element_bytes: int = 2) -> float:
-        """Nominal select-and-compact traffic of one eviction in which every survivor moves.
+    def eviction_bytes(self, moved: float, element_bytes: int = 2) -> float:
+        """Select-and-compact traffic of one eviction in which `moved` survivors (over all
+        `B * Hkv` rows) change slot; the others stay where they are and are not copied.
 
-        Keys and values of `budget` survivors read and written, fp32 importance and
-        magnitudes read by the selection, per-token magnitudes and positions moved, scores
-        zeroed and freed positions cleared. The policy's importance computation is not
-        counted (it differs per policy).
+        Keys, values, magnitudes and positions of the moved survivors read and written, fp32
+        importance and magnitudes of every slot read by the selection, scores zeroed and
+        freed positions cleared. The policy's importance computation is not counted (it
+        differs per policy).
         """
         rows = self.batch * self.layout.kv_heads
-        kv = 2 * 2 * self.budget * self.layout.head_dim * element_bytes
-        selection = 2 * 4 * self.capacity
-        per_token = 2 * 2 * 4 * self.budget
-        cleared = 4 * self.capacity + 4 * self.window
-        return float(rows * (kv + selection + per_token + cleared))
+        kv = 2 * 2 * moved * self.layout.head_dim * element_bytes
+        per_token = 2 * 2 * 4 * moved
+        selection = rows * 2 * 4 * self.capacity
+        cleared = rows * (4 * self.capacity + 4 * self.window)
+        return float(kv + per_token + selection + cleared)
