@@ -4,7 +4,8 @@ One timed call is one period of a `vase` layer: `window` decode steps (append + 
 plus the mode's bookkeeping: `recompute` writes each query into its ring, `emitted` makes
 decode attention write fp32 logits and add them into the scores) and the eviction that
 closes it (`recompute` attends with the ring over the candidates first). `no observation`
-is the same period with `streaming`, which observes nothing: the floor both modes are
+is the same period under `random` with value protection, which observes nothing and selects
+as `vase` does (Gumbel keys, the `n_protect` largest values): the floor both modes are
 measured against. On CUDA the period is captured in a CUDA graph and replayed (as compiled
 decoding runs it, host overhead excluded; `timing.graph_samples`); on CPU it runs eagerly.
 The report divides by `window` (cost per decode step).
@@ -26,7 +27,7 @@ SUITE = "score-mode"
 MODES = {
     "recompute": VaSEConfig(policy="vase", score_mode="recompute"),
     "emitted": VaSEConfig(policy="vase", score_mode="emitted"),
-    "no observation": VaSEConfig(policy="streaming"),
+    "no observation": VaSEConfig(policy="random", protect_values=True),
 }
 
 SHAPES = profiles.pick({
