@@ -57,6 +57,9 @@ CASES = [
     # GQA groups of 7 and 5: packed rows (7 x 9 queries, 5 x 1) that end mid-block.
     Case(2, 7, 1, 9, 257, 32, torch.float16, (257, 1), (9, 2)),
     Case(2, 10, 2, 1, 63, 64, torch.float32, (63, 0), None),
+    # Windows of 63 and 111 queries (several query blocks, the last one ragged), GQA 6.
+    Case(2, 6, 1, 63, 111, 64, torch.bfloat16, (100, 40), (63, 10)),
+    Case(1, 4, 2, 111, 257, 64, torch.float32, (200,), (110,)),
 ]
 
 
@@ -135,6 +138,24 @@ def test_no_query_or_no_slot_gives_zeros(backend: str, device, monkeypatch) -> N
     lens = torch.tensor([3, 5], device=device)
     assert torch.equal(candidate_attention(q[:, :, :0], k, lens, scale=0.2), torch.zeros(2, 2, 5, device=device))
     assert candidate_attention(q, k[:, :, :0], lens * 0, scale=0.2).shape == (2, 2, 0)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_invalid_queries_contribute_nothing_even_when_not_finite(backend: str, device, monkeypatch) -> None:
+    # A query-ring slot that holds no query may hold anything: NaN or inf there must give
+    # the result of zeros there, not NaN (a product with 0 would not).
+    if backend == "torch":
+        monkeypatch.setenv("VASE_BACKEND", "torch")
+    generator = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 6, 32, generator=generator).to(device)
+    k = torch.randn(2, 2, 9, 32, generator=generator).to(device)
+    lens = torch.tensor([9, 4], device=device)
+    q_valid = torch.tensor([[False, True, True, True, False, True], [True] * 5 + [False]], device=device)
+    zeros = torch.where(q_valid.view(2, 1, 6, 1), q, 0.0)
+    garbage = torch.where(q_valid.view(2, 1, 6, 1), q, torch.tensor([float("nan"), float("inf")] * 16, device=device))
+    want = candidate_attention(zeros, k, lens, scale=0.2, q_valid=q_valid)
+    assert bool(torch.isfinite(want).all())
+    torch.testing.assert_close(candidate_attention(garbage, k, lens, scale=0.2, q_valid=q_valid), want, rtol=0, atol=0)
 
 
 def test_reference_is_the_float64_formula() -> None:

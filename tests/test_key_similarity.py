@@ -85,6 +85,8 @@ def test_rkv_redundancy_is_the_softmax_of_the_similarity(device) -> None:
     "name,corrupt,error",
     [
         ("keys", lambda k, n: (k[0], n), ValueError),
+        ("keys", lambda k, n: (k > 0, n), TypeError),
+        ("keys", lambda k, n: (k.int(), n), TypeError),
         ("lengths", lambda k, n: (k, n.long()), TypeError),
         ("lengths", lambda k, n: (k, n[:1]), ValueError),
     ],
@@ -95,3 +97,15 @@ def test_rejects_bad_inputs(name, corrupt, error) -> None:
         mean_key_similarity(*corrupt(keys, lengths), window=8)
     with pytest.raises(ValueError, match="window"):
         mean_key_similarity(keys, lengths, window=-2)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_a_float64_cache_gives_float32_similarities(backend: str, device, monkeypatch) -> None:
+    if backend == "torch":
+        monkeypatch.setenv("VASE_BACKEND", "torch")
+    keys, lengths = make_keys(CASES[1], device)
+    keys = keys.double()
+    got = mean_key_similarity(keys, lengths, window=CASES[1].window)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.cpu().double(), twin(keys.cpu(), lengths.cpu(), CASES[1].window),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip

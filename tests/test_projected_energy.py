@@ -110,6 +110,7 @@ BAD = [
     ("lengths", lambda k, v, g, n: (k, v, g, n.long()), TypeError),
     ("lengths", lambda k, v, g, n: (k, v, g, n[:1]), ValueError),
     ("keys", lambda k, v, g, n: (k[0], v, g, n), ValueError),
+    ("keys", lambda k, v, g, n: (k.int(), v.int(), g, n), TypeError),
 ]
 
 
@@ -120,3 +121,17 @@ def test_rejects_bad_inputs(name, corrupt, error) -> None:
         projected_energy(*corrupt(*inputs), window=8)
     with pytest.raises(ValueError, match="window"):
         projected_energy(*inputs, window=-1)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_a_float64_cache_gives_float32_energies(backend: str, device, monkeypatch) -> None:
+    if backend == "torch":
+        monkeypatch.setenv("VASE_BACKEND", "torch")
+    rows = CASES[1][0]
+    keys, values, projection, lengths = make_inputs(rows, 20, device)
+    keys, values = keys.double(), values.double()
+    got = projected_energy(keys, values, projection, lengths, window=rows.window)
+    assert got.dtype == torch.float32
+    truth = reference.projected_energy(keys.cpu(), values.cpu(), projection.cpu().double(), lengths.cpu(),
+                                       window=rows.window)  # fmt: skip
+    torch.testing.assert_close(got.cpu().double(), truth, rtol=1e-5, atol=1e-6)

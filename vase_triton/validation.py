@@ -12,6 +12,8 @@ from typing import Iterable, Optional, Sequence
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# A cache may also hold float64 (the reference's precision in tests).
+CACHE_DTYPES = FLOAT_DTYPES + (torch.float64,)
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 
 

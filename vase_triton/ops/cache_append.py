@@ -15,9 +15,8 @@ from vase_triton.backend import use_triton
 from vase_triton.cache_tensors import CacheTensors
 from vase_triton.config import VALUE_STATS
 from vase_triton.ops.library_op import library_op
-from vase_triton.validation import FLOAT_DTYPES, check_cache_tensors, check_rank, check_same_device, check_same_dtype
+from vase_triton.validation import CACHE_DTYPES, check_cache_tensors, check_rank, check_same_device, check_same_dtype
 
-_CACHE_DTYPES = FLOAT_DTYPES + (torch.float64,)
 
 
 @library_op(
@@ -65,7 +64,7 @@ def append_(cache: CacheTensors, new_keys: torch.Tensor, new_values: torch.Tenso
         new_keys, new_values: `[B, Hkv, T_new, D]`, same dtype and device as `cache.keys`.
         value_stat: `range`, `absmax`, `l2` or `var`.
     """
-    batch, kv_heads, _, head_dim = check_cache_tensors(cache, _CACHE_DTYPES)
+    batch, kv_heads, _, head_dim = check_cache_tensors(cache, CACHE_DTYPES)
     check_rank("new_keys", new_keys, 4, "[B, Hkv, T_new, D]")
     check_rank("new_values", new_values, 4, "[B, Hkv, T_new, D]")
     check_same_dtype(("cache.keys", "new_keys", "new_values"), (cache.keys, new_keys, new_values))

@@ -12,7 +12,9 @@ import torch
 from vase_triton import reference
 from vase_triton.backend import use_triton
 from vase_triton.ops.device_guard import on_tensors_device
-from vase_triton.validation import check_exact, check_non_negative_int, check_rank, check_same_device
+from vase_triton.validation import (
+    CACHE_DTYPES, check_exact, check_float_dtype, check_non_negative_int, check_rank, check_same_device,
+)
 
 
 @on_tensors_device
@@ -20,8 +22,8 @@ def mean_key_similarity(keys: torch.Tensor, lengths: torch.Tensor, *, window: in
     """Each candidate key's mean cosine similarity to the other candidates of its row, 0 elsewhere.
 
     Args:
-        keys: `[B, Hkv, N, D]` cache keys (any float dtype; slots past the candidates are
-            never read).
+        keys: `[B, Hkv, N, D]` cache keys (fp16, bf16, fp32 or fp64; slots past the
+            candidates are never read).
         lengths: `[B]` int32 valid slots per sequence; candidates are `[0, lengths[b] - window)`
             (values above `N` act as `N`; not checked, which would read them back to the host).
         window: recent slots that are not candidates, `>= 0`.
@@ -30,6 +32,7 @@ def mean_key_similarity(keys: torch.Tensor, lengths: torch.Tensor, *, window: in
         `[B, Hkv, N]` float32.
     """
     check_rank("keys", keys, 4, "[B, Hkv, N, D]")
+    check_float_dtype("keys", keys, CACHE_DTYPES)
     check_exact("lengths", lengths, (keys.shape[0],), torch.int32, "[B]")
     check_same_device(("keys", "lengths"), (keys, lengths))
     check_non_negative_int("window", window)

@@ -13,7 +13,9 @@ import torch
 from vase_triton import reference
 from vase_triton.backend import use_triton
 from vase_triton.ops.device_guard import on_tensors_device
-from vase_triton.validation import check_exact, check_non_negative_int, check_rank, check_same_device
+from vase_triton.validation import (
+    CACHE_DTYPES, check_exact, check_float_dtype, check_non_negative_int, check_rank, check_same_device,
+)
 
 
 @on_tensors_device
@@ -23,8 +25,8 @@ def projected_energy(
     """`||k G||² · ||v G||²` of every candidate slot `[0, lengths[b] - window)`, 0 elsewhere.
 
     Args:
-        keys, values: `[B, Hkv, N, D]` cache buffers (any float dtype; slots past the
-            candidates are never read).
+        keys, values: `[B, Hkv, N, D]` cache buffers (fp16, bf16, fp32 or fp64; slots past
+            the candidates are never read).
         projection: `[B, Hkv, D, R]` float32, one `G` per row.
         lengths: `[B]` int32 valid slots per sequence (values above `N` act as `N`; not
             checked, which would read them back to the host).
@@ -34,6 +36,7 @@ def projected_energy(
         `[B, Hkv, N]` float32.
     """
     check_rank("keys", keys, 4, "[B, Hkv, N, D]")
+    check_float_dtype("keys", keys, CACHE_DTYPES)
     batch, kv_heads, num_slots, head_dim = keys.shape
     check_exact("values", values, tuple(keys.shape), keys.dtype, "[B, Hkv, N, D]")
     check_rank("projection", projection, 4, "[B, Hkv, D, R]")
@@ -48,4 +51,4 @@ def projected_energy(
         from vase_triton.kernels.projected_energy import projected_energy_triton
 
         return projected_energy_triton(keys, values, projection, lengths, window)
-    return reference.projected_energy(keys, values, projection, lengths, window=window)
+    return reference.projected_energy(keys, values, projection, lengths, window=window).to(torch.float32)
