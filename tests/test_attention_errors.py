@@ -109,6 +109,7 @@ DECODE_ERRORS = {
         "q",
     ),
     "cache_lens-over-C": ({"cache_lens": torch.tensor([112, 1], dtype=torch.int32)}, ValueError, "cache_lens"),
+    "cache_lens-negative": ({"cache_lens": torch.tensor([111, -1], dtype=torch.int32)}, ValueError, "cache_lens"),
     "cache_lens-shape": ({"cache_lens": torch.tensor([111], dtype=torch.int32)}, ValueError, "cache_lens"),
     "cache_lens-float": ({"cache_lens": torch.tensor([111.0, 1.0])}, TypeError, "cache_lens"),
     "scores-not-tensor": ({"scores": [0.0]}, TypeError, "scores"),

@@ -220,3 +220,22 @@ def test_a_nan_or_inf_in_a_value_gives_the_magnitude_torch_gives(stat, device):
     assert torch.equal(got.isinf(), expected.isinf())
     finite = expected.isfinite()
     torch.testing.assert_close(got[finite], expected[finite], rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_new_tokens_in_the_projection_layout_are_appended_as_given(backend, device, monkeypatch):
+    """A model's projections come out `[B, T, Hkv, D]`: the cache receives their transposed, strided views."""
+    if backend == "torch":
+        monkeypatch.setenv("VASE_BACKEND", "torch")
+    gen = torch.Generator().manual_seed(3)
+    new_keys = torch.randn(2, 3, 4, 64, generator=gen).to(device).transpose(1, 2)  # [B, Hkv, T, D]
+    new_values = (torch.randn(2, 3, 4, 64, generator=gen) * 4).to(device).transpose(1, 2)
+    assert not new_keys.is_contiguous()
+    cache = _poisoned_cache(2, 4, 16, 64, [5, 13], torch.float32, device)
+    append_(cache, new_keys, new_values, value_stat="range")
+    assert cache.lengths.tolist() == [8, 16]
+    for b, start in enumerate([5, 13]):
+        assert torch.equal(cache.keys[b, :, start : start + 3], new_keys[b])
+        assert torch.equal(cache.values[b, :, start : start + 3], new_values[b])
+        value_range = new_values[b].double().amax(-1) - new_values[b].double().amin(-1)
+        torch.testing.assert_close(cache.magnitudes[b, :, start : start + 3].double(), value_range, rtol=1e-6, atol=0)

@@ -67,6 +67,9 @@ CASES = [
     Case(2, 10, 2, 63, 111, 32, True, torch.float16, (111, 63), 9),
     Case(1, 7, 1, 63, 257, 32, False, torch.bfloat16, (257,), 16),
     Case(2, 6, 1, 1, 257, 32, True, torch.float32, (257, 0), 1),
+    # 111 and 257 queries: several query blocks, the last one partial, over ragged keys.
+    Case(2, 4, 1, 111, 111, 64, True, torch.float16, (111, 90), 16),
+    Case(2, 2, 1, 257, 300, 64, True, torch.bfloat16, (300, 257), 64),
 ]
 
 
