@@ -341,20 +341,22 @@ def test_the_dry_run_lists_exactly_what_tuning_tries(tiny_config_path, store_dir
 
 
 @pytest.mark.parametrize("action", [[], ["--show"], ["--clear"]])
-@pytest.mark.parametrize("setting", ["file", "home"])
+@pytest.mark.parametrize("setting", ["file", "home", "unreadable"])
 def test_an_unusable_store_directory_is_a_one_line_error(
     tiny_config_path, tmp_path, monkeypatch, fake_gpu, capsys, action, setting
 ):
     if setting == "file":
         (tmp_path / "file").write_text("")
         monkeypatch.setenv("VASE_AUTOTUNE_DIR", str(tmp_path / "file"))
-    else:  # no home directory to expand `~` in, as under `docker --user N`
+    elif setting == "home":  # no home directory to expand `~` in, as under `docker --user N`
         monkeypatch.setenv("VASE_AUTOTUNE_DIR", "~vase-no-such-user/autotune")
+    else:  # a path the system refuses to look at (as a parent without permission does)
+        monkeypatch.setenv("VASE_AUTOTUNE_DIR", str(tmp_path / ("x" * 300)))
     tune = ["--config", str(tiny_config_path), "--batch", "2", "--budget", "128", "--prompt-len", "4",
             "--dtype", "float32", "--kernels", "append"]  # fmt: skip
     assert main(["autotune", *(action or tune)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("vase-triton: error: autotune: VASE_AUTOTUNE_DIR: expected a directory")
+    assert err.startswith("vase-triton: error: autotune: VASE_AUTOTUNE_DIR: expected a")
     assert err.count("\n") == 1 and not fake_gpu
 
 

@@ -255,24 +255,28 @@ def test_an_unforeseen_failure_reading_stored_entries_leaves_launches_to_the_heu
     ] * 2
 
 
-@pytest.mark.parametrize("setting", ["home", "file"])
+@pytest.mark.parametrize("setting", ["home", "file", "unreadable"])
 def test_an_unusable_store_directory_leaves_launches_to_the_packaged_configs_with_one_warning(
     store_dir, monkeypatch, device, setting
 ):
-    """No home directory to expand `~` in (as under `docker --user N`), or a file given as the directory."""
+    """No home directory to expand `~` in (as under `docker --user N`), a file given as the
+    directory, or a path the system refuses to look at (a name too long, as a parent without
+    permission would)."""
     shape = DecodeShape(2, 4, 2, 100, 64, "float32", False)
     packaged = settings.PACKAGED_DIRECTORY
     put(packaged, "decode", shape, STORED_DECODE, device)
     if setting == "home":
         monkeypatch.setenv("VASE_AUTOTUNE_DIR", "~vase-no-such-user/autotune")
-    else:
+    elif setting == "file":
         (store_dir / "a-file").write_text("")
         monkeypatch.setenv("VASE_AUTOTUNE_DIR", str(store_dir / "a-file"))
+    else:
+        monkeypatch.setenv("VASE_AUTOTUNE_DIR", str(store_dir / ("x" * 300)))
     lookup.reset()
     partial = spy_on(monkeypatch, decode_attention, "_decode_partial_kernel")
     _, messages = decode_with_warnings(device)
     assert len(messages) == 1
-    assert messages[0].startswith("vase_triton autotune: VASE_AUTOTUNE_DIR: expected a directory")
+    assert messages[0].startswith("vase_triton autotune: VASE_AUTOTUNE_DIR: expected a")
     stored = (STORED_DECODE["block_n"], STORED_DECODE["num_warps"])
     assert options(partial.launches[0], "BLOCK_N", "num_warps") == stored
 

@@ -35,7 +35,8 @@ def store_directory() -> Path:
     """The user's store directory from `VASE_AUTOTUNE_DIR` (see the module docstring).
 
     Raises ValueError, naming the variable, when it cannot be resolved (a `~` without a home
-    directory) or names something that is not a directory.
+    directory), cannot be looked at (a parent without permission, a name too long) or names
+    something that is not a directory.
     """
     configured = os.environ.get("VASE_AUTOTUNE_DIR", "").strip()
     cache_home = os.environ.get("XDG_CACHE_HOME", "").strip()
@@ -48,6 +49,12 @@ def store_directory() -> Path:
     except RuntimeError as error:  # no home directory to expand `~` to
         given = f"got {configured!r}" if configured else "it is not set"
         raise ValueError(f"VASE_AUTOTUNE_DIR: expected a directory path ({error}); {given}") from None
-    if directory.exists() and not directory.is_dir():
+    try:
+        is_other = directory.exists() and not directory.is_dir()
+    except OSError as error:  # Python 3.11's exists() raises for anything but "not found"
+        raise ValueError(
+            f"VASE_AUTOTUNE_DIR: expected a usable directory; got {str(directory)!r} ({error.strerror or error})"
+        ) from None
+    if is_other:
         raise ValueError(f"VASE_AUTOTUNE_DIR: expected a directory; got {str(directory)!r}, which is not one")
     return directory
