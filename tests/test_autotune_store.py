@@ -243,6 +243,12 @@ def test_clear_removes_the_file(tmp_path):
     assert file.clear() is False
 
 
+def test_clearing_nothing_creates_nothing(tmp_path):
+    file = store.StoreFile(tmp_path / "never" / "made", PROFILE)
+    assert file.clear() is False
+    assert not (tmp_path / "never").exists()
+
+
 def test_clear_keeps_the_lock_that_a_waiting_writer_holds(tmp_path):
     # A writer that opened the lock file before `clear` and locks it afterwards must still
     # exclude every later writer: removing the lock file would give the later ones a new one.

@@ -282,11 +282,13 @@ class StoreFile:
         )
 
     def clear(self) -> bool:
-        """Remove the file; True when there was a file.
+        """Remove the file; True when there was a file. Without one, nothing is created or locked.
 
         The lock file stays: removing it while another process waits on it would let a third
         process lock a fresh file of the same name, and two writers would each hold "the" lock.
         """
+        if not self.path.exists():
+            return False
         with FileLock(str(self.lock_path), timeout=LOCK_TIMEOUT_S):
             existed = self.path.exists()
             with contextlib.suppress(FileNotFoundError):
