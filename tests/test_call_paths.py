@@ -4,6 +4,7 @@ chunked long prompts, Qwen3-MoE, and transformers' generate conventions."""
 
 from __future__ import annotations
 
+import copy
 import types
 import warnings
 
@@ -70,6 +71,10 @@ def test_training_runs_the_original_attention_and_the_vase_path_refuses_gradient
     cache = VaSECache.for_model(model, FULL, batch_size=2, max_length=64)
     with pytest.raises(RuntimeError, match="inference.*no_grad"):
         model(**inputs, cache=cache)
+    model.model.embed_tokens.weight.requires_grad_(False)  # frozen embeddings, the rest trained (as with adapters)
+    with pytest.raises(RuntimeError, match="inference.*no_grad"):
+        model(**inputs, cache=cache)
+    assert cache.seen_tokens == 0
 
 
 def test_a_vase_cache_given_to_an_unpatched_model_raises(model, tokenizer):
@@ -109,6 +114,22 @@ def test_a_passed_generation_config_is_completed_from_the_models_as_transformers
     vase_triton.patch_qwen3(model, policy="vase", budget=64, window=16)
     torch.manual_seed(0)
     assert torch.equal(model.generate(**inputs, generation_config=more_rows), want_rows)
+
+
+def test_a_generation_config_passed_by_position_is_read_as_by_keyword(model, tokenizer):
+    """`generate(ids, generation_config)`: the settings it holds size the cache and are refused alike."""
+    inputs = tokenizer(PROMPTS[:2])
+    rows = GenerationConfig(max_new_tokens=6, do_sample=True, num_return_sequences=2, pad_token_id=0)
+    torch.manual_seed(0)
+    want = model.generate(inputs["input_ids"], rows, attention_mask=inputs["attention_mask"])
+    vase_triton.patch_qwen3(model, policy="vase", budget=64, window=16)
+    torch.manual_seed(0)
+    got = model.generate(inputs["input_ids"], rows, attention_mask=inputs["attention_mask"])
+    assert got.shape == want.shape == (4, inputs["input_ids"].shape[1] + 6) and torch.equal(got, want)
+    with pytest.raises(ValueError, match="num_beams: .* beam search is not supported"):
+        model.generate(inputs["input_ids"], GenerationConfig(num_beams=2), attention_mask=inputs["attention_mask"])
+    with pytest.raises(TypeError, match="multiple values for argument 'generation_config'"):
+        model.generate(inputs["input_ids"], rows, generation_config=rows)
 
 
 @pytest.mark.parametrize("where", ["argument", "generation_config"])
@@ -420,6 +441,76 @@ def test_three_turn_chat_equals_the_unpatched_model_with_a_dynamic_cache(model, 
     assert cache.seen_tokens == want.shape[1] - 1
 
 
+@torch.no_grad()
+def test_a_returned_cache_passed_back_survives_calls_that_pass_none(model, tokenizer):
+    """transformers' chat pattern: keep `out.past_key_values` and pass it back. A `generate` without a
+    cache in between (same batch size) must make its own, not reset the conversation's."""
+    def converse(side_call: bool):
+        out = model.generate(**tokenizer(PROMPTS[:1]), max_new_tokens=6, do_sample=False,
+                             return_dict_in_generate=True)
+        cache, ids = out.past_key_values, out.sequences
+        for turn in TURNS:
+            if side_call:
+                model.generate(**tokenizer(PROMPTS[1:2]), max_new_tokens=3, do_sample=False)
+            ids = torch.cat([ids, torch.tensor([tokenizer.encode(turn)[1:]])], dim=1)
+            ids = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+                                 do_sample=False, **{cache_keyword(model): cache})
+        return ids
+
+    want = converse(side_call=False)
+    vase_triton.patch_qwen3(model, budget=512, window=16)  # nothing evicted: the unpatched tokens
+    assert torch.equal(converse(side_call=False), want)
+    assert torch.equal(converse(side_call=True), want)
+
+
+@torch.no_grad()
+def test_a_deep_copy_of_a_prefilled_cache_serves_each_generation_from_the_same_prompt(model, tokenizer):
+    """transformers' prompt-reuse pattern: prefill once, `copy.deepcopy` the cache for each question."""
+    system = tokenizer(PROMPTS[:1])["input_ids"]
+    questions = [torch.cat([system, torch.tensor([tokenizer.encode(turn)[1:]])], dim=1) for turn in TURNS]
+
+    def answers(cache):
+        model(input_ids=system, **{cache_keyword(model): cache})
+        return [model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                               do_sample=False, **{cache_keyword(model): copy.deepcopy(cache)}) for ids in questions]
+
+    want = answers(DynamicCache())
+    config = VaSEConfig(budget=512, window=16)
+    vase_triton.patch_qwen3(model, config)
+    prompt_cache = VaSECache.for_model(model, config, batch_size=1)
+    got = answers(prompt_cache)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert prompt_cache.seen_tokens == system.shape[1]  # the copies generated; the original holds the prompt
+
+
+def test_a_cache_made_under_inference_mode_serves_later_calls_or_is_refused_by_name(model, tokenizer):
+    inputs = tokenizer(PROMPTS[:2])
+    with torch.no_grad():
+        want = model.generate(**inputs, max_new_tokens=5, do_sample=False)
+    vase_triton.patch_qwen3(model, budget=512, window=16)
+    with torch.inference_mode():
+        assert torch.equal(model.generate(**inputs, max_new_tokens=5, do_sample=False), want)
+    with torch.no_grad():  # the cache generate made under inference mode is replaced, not reused
+        assert torch.equal(model.generate(**inputs, max_new_tokens=5, do_sample=False), want)
+    with torch.inference_mode():
+        cache = VaSECache.for_model(model, VaSEConfig(budget=512, window=16), batch_size=2)
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"cache: made under torch.inference_mode\(\)"):
+        model.generate(**inputs, max_new_tokens=5, do_sample=False, cache=cache)
+    with torch.inference_mode():
+        assert torch.equal(model.generate(**inputs, max_new_tokens=5, do_sample=False, cache=cache), want)
+
+
+@torch.no_grad()
+def test_a_passed_cache_is_chunked_by_its_own_prefill_chunk_size(model, tokenizer):
+    """The patch chunks at 16, the cache at 4096: one piece, so a loss over the labels is computed."""
+    inputs = tokenizer(PROMPTS[:1])
+    assert inputs["input_ids"].shape[1] > 16
+    want = model(**inputs, labels=inputs["input_ids"]).loss
+    vase_triton.patch_qwen3(model, FULL.replace(prefill_chunk_size=16))
+    cache = VaSECache.for_model(model, FULL.replace(prefill_chunk_size=4096), batch_size=1, max_length=64)
+    torch.testing.assert_close(model(**inputs, labels=inputs["input_ids"], cache=cache).loss, want)
+
+
 def test_chunked_prefill_of_a_long_prompt_equals_one_piece(model, tokenizer):
     prompt = tokenizer(" ".join(["a long prompt"] * 30))  # ~400 tokens
     new = 6
@@ -577,6 +668,20 @@ def test_padding_inside_a_new_turn_is_refused_in_either_mask_form(model, tokeniz
             model(input_ids=turn, attention_mask=mask, cache=cache)
         assert cache.seen_tokens == inputs["input_ids"].shape[1] and not cache.in_step
         assert all(torch.equal(store.lengths, before) for store, before in zip(cache.stores, lengths))
+
+
+@torch.no_grad()
+def test_a_prompt_stored_in_chunks_is_refused_before_its_first_chunk_when_a_later_one_is_padded_wrongly(
+    model, tokenizer
+):
+    config = VaSEConfig(budget=512, window=8, prefill_chunk_size=16)
+    vase_triton.patch_qwen3(model, config)
+    cache = VaSECache.for_model(model, config, batch_size=2)
+    bad = tokenizer(["a" * 40, "b" * 40])
+    bad["attention_mask"][1, -1] = 0  # right padding, in the last chunk only
+    with pytest.raises(ValueError, match="attention_mask: expected left padding"):
+        model(**bad, cache=cache)
+    assert _cache_state(cache) == (0, [(0, [0, 0], 0)] * len(cache.stores))
 
 
 @pytest.mark.parametrize("policy", ["vase", "snapkv", "h2o", "tova", "vase-dkv", "streaming", "random", "rkv"])

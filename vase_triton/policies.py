@@ -104,6 +104,14 @@ class Policy:
     needs_noise: bool = False
     reads: tuple[str, ...] = ()
 
+    # A registered policy is one object that caches compare by identity (a replaced policy is
+    # refused): a copy of a cache, or of anything holding a policy, keeps the same one.
+    def __copy__(self) -> "Policy":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "Policy":
+        return self
+
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"name: expected a non-empty string; got {self.name!r}")

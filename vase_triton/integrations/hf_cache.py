@@ -16,6 +16,7 @@ over GPUs with `device_map`), and are sized for the KV heads that device holds
 
 from __future__ import annotations
 
+import copy
 import weakref
 from typing import NamedTuple, Optional, Sequence
 
@@ -272,6 +273,16 @@ class VaSECache(Cache):
         # Why the layers disagree on what they hold (a step failed after some of them stored), or None.
         self._broken: Optional[str] = None
 
+    def __deepcopy__(self, memo: dict) -> "VaSECache":
+        """A cache with buffers of its own holding the same tokens (a prefilled prompt reused by
+        several generations, as with transformers' caches). The copy records its own eviction
+        graph when it first needs one: a recorded graph writes the original's buffers."""
+        copied = object.__new__(type(self))
+        memo[id(self)] = copied
+        for name, value in self.__dict__.items():
+            setattr(copied, name, None if name == "eviction_graph" else copy.deepcopy(value, memo))
+        return copied
+
     @classmethod
     def for_model(
         cls, model, config: VaSEConfig, *, batch_size: int, max_length: Optional[int] = None
@@ -288,7 +299,13 @@ class VaSECache(Cache):
         cache, `reset()`, can serve instead (keeping its buffers' addresses, and so the CUDA graphs
         recorded over them)."""
         wanted = _Layout.of(config, batch_size=batch_size, max_length=max_length, **_model_geometry(model))
-        return wanted == self.layout and self.stores[0].policy is config.policy_spec  # one config for all layers
+        same_policy = self.stores[0].policy is config.policy_spec  # one config for all layers
+        return wanted == self.layout and same_policy and not self._locked_in_inference_tensors()
+
+    def _locked_in_inference_tensors(self) -> bool:
+        """Whether the buffers were made under `torch.inference_mode()`, which is off now: PyTorch then
+        refuses to write them."""
+        return bool(self.stores) and self.stores[0].keys.is_inference() and not torch.is_inference_mode_enabled()
 
     def check_model(self, model) -> None:
         """Raise unless the buffers were made for `model`'s layer count, KV heads, head dim and
@@ -430,9 +447,15 @@ class VaSECache(Cache):
 
     def check_usable(self) -> None:
         """Refuse a cache whose layers disagree on what they hold (a step failed after some of them stored),
-        or that was built for a policy replaced since."""
+        that was built for a policy replaced since, or whose buffers only inference mode may write."""
         if self._broken is not None:
             raise RuntimeError(f"cache: {self._broken}, so its layers disagree; call cache.reset() or make a new cache")
+        if self._locked_in_inference_tensors():
+            raise RuntimeError(
+                "cache: made under torch.inference_mode(), whose tensors PyTorch lets no code outside it write; "
+                "run this call under torch.inference_mode() too, or make the cache outside it (torch.no_grad() "
+                "is enough for generation)"
+            )
         if self.stores:
             self.stores[0].check_policy()  # the layers share one config
 
@@ -452,6 +475,12 @@ class VaSECache(Cache):
                 f"attention_mask: expected shape [B, T] = [{batch}, {num_tokens}] or [B, seen + T] = "
                 f"[{batch}, {seen + num_tokens}]; got {list(attention_mask.shape)}"
             )
+
+    def check_prompt_mask(self, num_tokens: int, attention_mask: object) -> None:
+        """`check_mask_layout` and the padding rules of `begin_step` on a whole prompt, so that one stored in
+        chunks is refused before its first chunk is stored."""
+        self.check_mask_layout(num_tokens, attention_mask)
+        self._valid_lengths(num_tokens, attention_mask)
 
     def _valid_lengths(self, num_tokens: int, attention_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         if attention_mask is None:

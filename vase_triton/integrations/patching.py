@@ -193,8 +193,7 @@ def _input_rows_and_tokens(kwargs: dict) -> tuple[int, int]:
 
 
 def _refuse_gradients(model) -> None:
-    parameter = next(model.parameters(), None)
-    if torch.is_grad_enabled() and parameter is not None and parameter.requires_grad:
+    if torch.is_grad_enabled() and any(parameter.requires_grad for parameter in model.parameters()):
         raise RuntimeError(
             "cache: the VaSE cache path is for inference and has no gradients; run it under torch.no_grad() or "
             "torch.inference_mode(), or train without a VaSECache (the original attention then runs)"
@@ -230,7 +229,7 @@ def _patched_forward(self, *args, **kwargs):
         cache.stores[0].check_room(new_tokens)  # refused whole, before any chunk is stored (layers fill alike)
     elif not cache.checked_for(self):  # a decode step of another model than the last checked
         cache.check_model(self)
-    chunk = state.config.prefill_chunk_size
+    chunk = cache.vase_config.prefill_chunk_size  # the cache's chunks (`chunk_bounds`), not the patch's
     if new_tokens <= chunk or isinstance(kwargs.get("logits_to_keep"), torch.Tensor):
         return _run_step(self, state, cache, kwargs, new_tokens)
     if kwargs.get("labels") is not None:
@@ -239,7 +238,7 @@ def _patched_forward(self, *args, **kwargs):
             f"{chunk} tokens, and a loss over chunks is not computed; compute it from the returned logits, or "
             f"raise prefill_chunk_size to at least {new_tokens}"
         )
-    cache.check_mask_layout(new_tokens, kwargs.get("attention_mask"))  # before the first chunk stores
+    cache.check_prompt_mask(new_tokens, kwargs.get("attention_mask"))  # before the first chunk stores
     return_dict = kwargs.get("return_dict")
     if return_dict is None:
         return_dict = getattr(self.config, "return_dict", True)
@@ -364,9 +363,25 @@ _REFUSED_GENERATION = {
 }
 
 
+def _positional_as_keywords(generate: Callable, args: tuple, kwargs: dict) -> tuple:
+    """`args` past the first (the inputs) moved into `kwargs` under the names `generate` gives them
+    (`generation_config`, `logits_processor`, ...), so that every setting is read where it is given."""
+    if len(args) <= 1:
+        return args
+    names = list(inspect.signature(generate).parameters)
+    if names and names[0] == "self":
+        names = names[1:]
+    for name, value in zip(names[1 : len(args)], args[1:]):
+        if name in kwargs:
+            raise TypeError(f"generate: got multiple values for argument {name!r}")
+        kwargs[name] = value
+    return args[:1]
+
+
 def _patched_generate(self, *args, **kwargs):
     """`generate` that creates a `VaSECache` for this call when none is given."""
     state: _PatchState = patch_state(self)
+    args = _positional_as_keywords(state.previous_generate, args, kwargs)
     for name, (feature, refused) in _REFUSED_GENERATION.items():
         value = _generation_setting(self, kwargs, name)
         if refused(value):
@@ -391,15 +406,20 @@ def _patched_generate(self, *args, **kwargs):
         )
     if cache is None and _generation_setting(self, kwargs, "use_cache") is not False:
         kwargs[state.cache_kwarg] = _cache_for_call(self, state, args, kwargs)
-    return state.previous_generate(*args, **kwargs)
+    output = state.previous_generate(*args, **kwargs)
+    if any(getattr(output, name, None) is state.last_cache for name in ("cache", "past_key_values")):
+        state.last_cache = None  # returned to the caller, who may pass it back: no later call resets it
+    return output
 
 
 def _cache_for_call(model, state: _PatchState, args: tuple, kwargs: dict) -> VaSECache:
     """A `VaSECache` sized for one `generate` call: its batch (times return sequences) and length.
 
     The cache of the previous call, reset, when it has that size (as transformers does with its
-    static caches): its buffers keep their addresses, so the CUDA graphs recorded over them
-    under `compile_mode="reduce-overhead"` serve again instead of being recorded anew.
+    static caches) and that call did not return it (`return_dict_in_generate=True` hands it to
+    the caller, who may pass it back): its buffers keep their addresses, so the CUDA graphs
+    recorded over them under `compile_mode="reduce-overhead"` serve again instead of being
+    recorded anew.
     """
     inputs = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
     if inputs is None:
