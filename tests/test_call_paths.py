@@ -501,6 +501,13 @@ def test_a_cache_made_under_inference_mode_serves_later_calls_or_is_refused_by_n
 
 
 @torch.no_grad()
+def test_autocast_is_named_when_it_gives_the_cache_keys_of_another_dtype(model, tokenizer):
+    vase_triton.patch_qwen3(model, budget=512, window=16)
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(TypeError, match="autocast is on"):
+        model.generate(**tokenizer(PROMPTS[:1]), max_new_tokens=2)
+
+
+@torch.no_grad()
 def test_a_passed_cache_is_chunked_by_its_own_prefill_chunk_size(model, tokenizer):
     """The patch chunks at 16, the cache at 4096: one piece, so a loss over the labels is computed."""
     inputs = tokenizer(PROMPTS[:1])

@@ -315,7 +315,11 @@ class VaSECacheLayer:
         check_rank("value", value, 4, "[B, Hkv, T, D]")
         for name, tensor in (("query", query), ("key", key), ("value", value)):
             if tensor.dtype != self.dtype:
-                raise TypeError(f"{name}: expected dtype {self.dtype} like the cache; got {tensor.dtype}")
+                autocast = (
+                    " (autocast is on, and computes them in another dtype than the cache's: run without autocast)"
+                    if torch.is_autocast_enabled(tensor.device.type) else ""
+                )
+                raise TypeError(f"{name}: expected dtype {self.dtype} like the cache; got {tensor.dtype}{autocast}")
             if tensor.device != self.device:
                 raise ValueError(f"{name}: expected a tensor on {self.device} like the cache; got {tensor.device}")
             if tensor.shape[0] != self.batch_size:
