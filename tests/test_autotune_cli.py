@@ -203,6 +203,20 @@ def test_dry_run_lists_the_pruned_spaces_without_a_gpu(config_path, capsys):
     assert "\n2 keys, " in out
 
 
+def test_dry_run_without_a_gpu_lists_a_gpus_heuristic_also_under_the_interpreter(config_path, capsys):
+    """On a GPU compaction moves one row per program and prefill pipelines its loads (the
+    interpreter's heuristics take many rows and one stage: this suite runs under it)."""
+    argv = ["autotune", "--config", str(config_path), "--batch", "16", "--budget", "4096", "--prompt-len", "1024",
+            "--kernels", "evict_compact,prefill_forward", "--dry-run"]  # fmt: skip
+    assert main(argv) == 0
+    heuristics = [line for line in capsys.readouterr().out.splitlines() if line.endswith("(heuristic)")]
+    assert len(heuristics) >= 2
+    compact = [line for line in heuristics if "block_r=" in line]
+    prefill = [line for line in heuristics if "num_stages=" in line]
+    assert compact and all("block_r=1," in line for line in compact)
+    assert prefill and all("num_stages=1," not in line for line in prefill)
+
+
 def test_dry_run_lists_the_prefill_keys_of_the_prompt_chunks(config_path, capsys):
     argv = ["autotune", "--config", str(config_path), "--batch", "16", "--budget", "4096", "--prompt-len", "16384",
             "--kernels", "prefill_forward", "--dry-run"]  # fmt: skip
@@ -246,12 +260,18 @@ def test_tuning_without_a_gpu_is_refused_in_one_line(config_path, capsys):
         (["autotune", "--show", "--clear"], "not allowed with argument"),
         (["autotune", "--config", "c.json", "--time-limit", "0"], "argument --time-limit: expected a number of seconds > 0"),
         (["autotune", "--config", "c.json", "--prefill-chunk-size", "32"], "--prefill-chunk-size: expected >= --window = 64; got 32"),
+        (["autotune", "--config", "c.json", "--budget", "65"], "--budget: 65 with --window 64: n_sink: expected"),
+        (["autotune", "--config", "c.json", "--dkv-rank", "7"],
+         "--dkv-rank: policy 'vase' does not read dkv_rank, so --dkv-rank would be ignored"),
+        (["autotune", "--config", "c.json", "--policy", "streaming", "--score-mode", "emitted"],
+         "--score-mode: policy 'streaming' does not observe the window's attention"),
         (["autotune", "--model", "/no/such/model", "--dry-run"], "--model: no such directory: /no/such/model"),
         (["autotune", "--model", "~/no-such-model", "--dry-run"], "--model: no such directory: ~/no-such-model"),
         (["autotune", "--model", "org/uncached-model", "--dry-run"],
          "--model: 'org/uncached-model' is neither a local directory nor in the Hugging Face cache, and the hub is unreachable"),
     ],
     ids=["no-source", "missing-config", "budget", "kernel", "batch", "show-and-clear", "time-limit", "prefill-chunk",
+         "budget-without-room-for-sinks", "ignored-dkv-rank", "ignored-score-mode",
          "missing-directory", "missing-home-directory", "uncached-hub-id-offline"],
 )
 def test_bad_arguments_are_one_line_errors(argv, fragment, capsys, monkeypatch):
@@ -376,3 +396,25 @@ def test_show_and_clear_need_a_gpu(capsys, monkeypatch):
     for action in ("--show", "--clear"):
         assert main(["autotune", action]) == 1
         assert capsys.readouterr().err == f"vase-triton: error: autotune: no CUDA GPU found ({action} needs one)\n"
+
+
+def test_a_key_whose_inputs_do_not_fit_in_memory_is_skipped(tiny_config_path, store_dir, fake_gpu, monkeypatch, capsys):
+    """The other keys are still tuned, and the table says which one was skipped and why."""
+    tune = tuner.tune
+
+    def tune_key(kernel, shape, *args, **kwargs):
+        if shape.batch == 4:
+            def no_memory(*_args, **_kwargs):
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 5.00 TiB")
+
+            kwargs["problem_factory"] = no_memory
+        return tune(kernel, shape, *args, **kwargs)
+
+    monkeypatch.setattr(tuner, "tune", tune_key)
+    argv = ["autotune", "--config", str(tiny_config_path), "--batch", "2,4", "--budget", "128", "--prompt-len", "4",
+            "--dtype", "float32", "--kernels", "append"]  # fmt: skip
+    assert main(argv) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("append ")]
+    skipped = [row for row in rows if "B=4," in row]
+    assert skipped and all(row.endswith("its inputs do not fit in memory  skipped") for row in skipped)
+    assert any("B=2," in row and row.endswith("tuned") for row in rows)

@@ -2,7 +2,9 @@
 
 Subcommands: `generate` (`vase_triton.commands.generate`), `eval` (`vase_triton.eval.command`)
 and `autotune` (`vase_triton.autotune.command`). Errors print one line to stderr and exit
-non-zero (1 for a failure, 2 for bad arguments, 130 when interrupted).
+non-zero: 2 for arguments the parser refuses (an unknown option, a malformed value), 1 for
+every other failure (options valid alone but not together or not for the model, missing
+files, out of memory), 130 when interrupted.
 """
 
 from __future__ import annotations

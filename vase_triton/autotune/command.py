@@ -23,7 +23,9 @@ import triton
 
 from vase_triton.autotune import settings, store
 from vase_triton.autotune.device import SM90_PROFILE, DeviceProfile, current_cuda_profile
-from vase_triton.commands.common import CommandError, choice, comma_list, hub_options, locate_model, positive_int
+from vase_triton.commands.common import (
+    CommandError, choice, comma_list, hub_options, is_out_of_memory, locate_model, positive_int,
+)
 
 DTYPE_CHOICES = ("bfloat16", "float16", "float32")
 SCORE_MODE_CHOICES = ("recompute", "emitted")
@@ -65,11 +67,12 @@ def add_autotune_command(subparsers) -> None:
     parser.add_argument("--dtype", type=comma_list(choice(DTYPE_CHOICES), ", ".join(DTYPE_CHOICES)),
                         default=["bfloat16"], help="dtypes (default bfloat16)")  # fmt: skip
     parser.add_argument("--window", type=positive_int, default=64, help="recent/observation window (default 64)")
-    parser.add_argument("--score-mode", choices=SCORE_MODE_CHOICES, default="recompute",
-                        help="how the eviction's window attention is obtained (default recompute)")  # fmt: skip
+    parser.add_argument("--score-mode", choices=SCORE_MODE_CHOICES,
+                        help="how the eviction's window attention is obtained, for policies that observe it "
+                        f"(default {VaSEConfig.score_mode})")  # fmt: skip
     parser.add_argument("--policy", choices=evicting, default="vase",
                         help="the eviction policy whose launches are tuned (default vase)")  # fmt: skip
-    parser.add_argument("--dkv-rank", type=positive_int, default=VaSEConfig.dkv_rank,
+    parser.add_argument("--dkv-rank", type=positive_int,
                         help=f"vase-dkv's projection width (default {VaSEConfig.dkv_rank})")  # fmt: skip
     parser.add_argument("--prefill-chunk-size", type=positive_int, default=VaSEConfig.prefill_chunk_size,
                         help="the caches' prefill_chunk_size, which cuts prompts into the chunks the prefill "
@@ -122,6 +125,7 @@ def run_autotune(args) -> int:
         raise CommandError(
             f"--prefill-chunk-size: expected >= --window = {args.window}; got {args.prefill_chunk_size}"
         )
+    configs = _cache_configs(args)
     model, options = args.model, {}
     if model is not None:
         from transformers import AutoConfig
@@ -137,7 +141,7 @@ def run_autotune(args) -> int:
         (kernel, shape)
         for kernel, shape in tuning_launches(
             layout, batches=args.batch, budgets=args.budget, prompt_lens=args.prompt_len, dtypes=args.dtype,
-            window=args.window, score_mode=args.score_mode, policy=args.policy, dkv_rank=args.dkv_rank,
+            window=args.window, score_mode=configs[0].score_mode, policy=args.policy, dkv_rank=configs[0].dkv_rank,
             prefill_chunk=args.prefill_chunk_size,
         )
         if kernel in args.kernels
@@ -145,6 +149,34 @@ def run_autotune(args) -> int:
     if args.dry_run:
         return _dry_run(launches, layout)
     return _tune_all(launches, _gpu_profile("tune"), args)
+
+
+def _cache_configs(args) -> list:
+    """The `VaSEConfig` of each `--budget`: options the policy would ignore, and sizes no cache can
+    have (too few slots for the sinks), are one-line errors."""
+    from vase_triton.commands.common import why_ignored
+    from vase_triton.config import VaSEConfig
+    from vase_triton.policies import POLICIES
+
+    given = {}
+    for option, field in (("--score-mode", "score_mode"), ("--dkv-rank", "dkv_rank")):
+        value = getattr(args, field)
+        if value is None:
+            continue
+        why = why_ignored(field, POLICIES[args.policy], None)
+        if why is not None:
+            raise CommandError(f"{option}: {why}, so {option} would be ignored; drop {option}")
+        given[field] = value
+    configs = []
+    for budget in args.budget:
+        try:
+            configs.append(VaSEConfig(
+                policy=args.policy, budget=budget, window=args.window, prefill_chunk_size=args.prefill_chunk_size,
+                **given,
+            ))  # fmt: skip
+        except (ValueError, TypeError) as error:
+            raise CommandError(f"--budget: {budget} with --window {args.window}: {error}") from None
+    return configs
 
 
 def _dry_run(launches: list[tuple[str, tuple]], layout) -> int:
@@ -156,14 +188,17 @@ def _dry_run(launches: list[tuple[str, tuple]], layout) -> int:
     print(f"search spaces for {layout.source} (Hq={layout.q_heads}, Hkv={layout.kv_heads}, D={layout.head_dim}), "
           f"pruned for {limits}; the heuristic's configuration first, always tried")  # fmt: skip
     total = 0
-    for kernel, shape in launches:
-        space = SPACES[kernel]
-        default = space.gpu_heuristic(shape, profile)
-        candidates = space.tried(default, shape, profile)
-        total += len(candidates)
-        print(f"\n{kernel} {space.key(shape)}: {len(candidates)} candidates ({space.description})")
-        for params in candidates:
-            print(f"  {store.params_id(params)}{'  (heuristic)' if params is default else ''}")
+    with triton.knobs.runtime.scope():
+        if gpu is None:  # what tuning on an sm_90 GPU would try: its heuristics, also where TRITON_INTERPRET is set
+            triton.knobs.runtime.interpret = False
+        for kernel, shape in launches:
+            space = SPACES[kernel]
+            default = space.gpu_heuristic(shape, profile)
+            candidates = space.tried(default, shape, profile)
+            total += len(candidates)
+            print(f"\n{kernel} {space.key(shape)}: {len(candidates)} candidates ({space.description})")
+            for params in candidates:
+                print(f"  {store.params_id(params)}{'  (heuristic)' if params is default else ''}")
     print(f"\n{len(launches)} keys, {total} candidates")
     return 0
 
@@ -215,6 +250,13 @@ def _tune_all(launches: list[tuple[str, tuple]], profile: DeviceProfile, args) -
                 )  # fmt: skip
             except OSError as error:
                 raise CommandError(f"autotune: cannot write {store_file.path}: {error}") from None
+            except RuntimeError as error:
+                if not is_out_of_memory(error):
+                    raise
+                if torch.cuda.is_initialized():
+                    torch.cuda.empty_cache()
+                rows.append((kernel, key, "-", "-", "-", "its inputs do not fit in memory", "skipped"))
+                continue
         if not result.completed:
             stopped = f"stopped at --time-limit {args.time_limit:g} s before {kernel} {key}; run again to resume"
             break

@@ -101,7 +101,7 @@ def finite_float(low: float = 0.0, high: float = math.inf):
 
 
 # Cache options only some policies use: option -> the `VaSEConfig` field it sets. Given for a
-# policy that would ignore it, it is refused (`_why_ignored`); not given, the field's default.
+# policy that would ignore it, it is refused (`why_ignored`); not given, the field's default.
 _POLICY_DEPENDENT_OPTIONS = {
     "--budget": "budget", "--window": "window", "--n-sink": "n_sink", "--protect-values": "protect_values",
     "--n-protect": "n_protect", "--value-stat": "value_stat", "--evict-temperature": "temperature",
@@ -149,7 +149,7 @@ def add_config_arguments(
                        help="tokens per prefill chunk (peak prefill memory: capacity + chunk)")
 
 
-def _why_ignored(field: str, policy: Policy, protect_values: Optional[bool]) -> Optional[str]:
+def why_ignored(field: str, policy: Policy, protect_values: Optional[bool]) -> Optional[str]:
     """Why `policy` would ignore `VaSEConfig` field `field` (`protect_values`: the option's value), or None."""
     if not policy.evicts:
         return f"the {policy.name!r} policy keeps every token"
@@ -176,7 +176,7 @@ def config_from_arguments(args: argparse.Namespace, budget: int, window: int = V
         value = getattr(args, option[2:].replace("-", "_"))
         if value is None:
             continue
-        why = _why_ignored(field, policy, args.protect_values)
+        why = why_ignored(field, policy, args.protect_values)
         if why is not None:
             raise CommandError(f"{option}: {why}, so {option} would be ignored; drop {option}")
         given[field] = value
