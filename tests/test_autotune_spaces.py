@@ -322,3 +322,11 @@ def test_key_similarity_chunks_must_hold_whole_tiles(device):
         assert space.valid(dict(block_n=64, chunk=chunk, num_warps=4))
     for chunk in (16, 96):
         assert not space.valid(dict(block_n=64, chunk=chunk, num_warps=4))
+
+
+def test_key_similarity_chunks_are_no_longer_than_the_grid_declares():
+    """A program walks its whole chunk: a stored chunk of 2**30 slots would run for hours."""
+    space = SPACES["key_similarity"]
+    assert space.valid(dict(block_n=64, chunk=max(space.CHUNK), num_warps=4))
+    for chunk in (2 * max(space.CHUNK), 2**30):
+        assert not space.valid(dict(block_n=64, chunk=chunk, num_warps=4))

@@ -498,8 +498,9 @@ class KeySimilaritySpace(KernelSpace):
     config_type = SimilarityConfig
 
     def valid(self, params: object) -> bool:
-        """As every space, and a chunk of whole `block_n` tiles (tiles crossing chunks would count slots twice)."""
-        return super().valid(params) and params["chunk"] % params["block_n"] == 0
+        """As every space, and a chunk of whole `block_n` tiles (tiles crossing chunks would count slots
+        twice) no longer than the grid's longest (each program walks its whole chunk, past the row's end too)."""
+        return super().valid(params) and params["chunk"] % params["block_n"] == 0 and params["chunk"] <= max(self.CHUNK)
 
     def heuristic(self, shape: SimilarityShape, device: torch.device) -> dict:
         return similarity_heuristic(shape)._asdict()
