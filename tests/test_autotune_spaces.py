@@ -270,6 +270,45 @@ def test_pruning_drops_what_a_smaller_device_cannot_hold():
     assert any(space.estimate(params, shape).shared_bytes > 99 * 1024 for params in large)
 
 
+SM89 = DeviceProfile("sm_89", 58, (8, 9), 101376)  # RTX 4090, L4, L40S: 99 KiB of shared memory a block
+
+
+def test_the_prefill_heuristic_steps_down_to_fit_a_device_with_less_shared_memory(monkeypatch):
+    """bf16 at D = 128: 128-row query tiles and 3 stages of 64-key K and V tiles need
+    (128 + 3 x 2 x 64) x 128 x 2 = 131,072 bytes; with 2 stages, 98,304 fit sm_89's 101,376."""
+    import triton
+
+    from vase_triton.autotune import lookup
+    from vase_triton.kernels import prefill_attention
+
+    shape = PrefillShape(1, 32, 8, 4096, 4096, 128, "bfloat16", True, True)
+    space = SPACES["prefill_forward"]
+    with triton.knobs.runtime.scope():
+        triton.knobs.runtime.interpret = False  # a GPU's heuristic
+        assert space.gpu_heuristic(shape, SM90_PROFILE) == dict(block_m=128, block_n=64, num_warps=8, num_stages=3)
+        assert space.gpu_heuristic(shape, SM89) == dict(block_m=128, block_n=64, num_warps=8, num_stages=2)
+        # The launch on such a device takes the same tiles (the lookup's stored entries aside).
+        monkeypatch.setattr(lookup, "profile_for", lambda device: SM89)
+        monkeypatch.setattr(prefill_attention, "tuned_params", lambda *args: None)
+        lookup.reset()
+        try:
+            launch = prefill_attention._tuned_or_heuristic(
+                "prefill_forward", shape, torch.device("cuda", 0), prefill_attention.forward_heuristic
+            )
+        finally:
+            lookup.reset()
+    assert launch == prefill_attention.TileConfig(128, 64, 8, 2)
+
+
+def test_a_heuristic_that_fits_is_kept_and_one_that_cannot_be_made_to_fit_is_left_to_the_launch():
+    shape = ScoresShape(1, 32, 8, 64, 4096, 128, "bfloat16", True)
+    space = SPACES["prefill_scores"]
+    params = dict(block_m=64, block_n=128, num_warps=8, num_stages=3)
+    assert space.fitted(params, shape, SM90_PROFILE) == params
+    tiny = DeviceProfile("tiny", 1, (8, 0), 1024)  # not even 16 x 16 tiles fit
+    assert space.fitted(params, shape, tiny) == params
+
+
 def test_row_tiles_are_no_larger_than_the_rows_and_non_causal_rows_pack_the_group():
     space = SPACES["prefill_forward"]
 

@@ -37,6 +37,7 @@ _memo: dict[tuple, Optional[dict]] = {}
 _MISSING = object()
 _DEFERRED = object()  # online tuning put off to a later launch: the answer is not memoised
 _views: dict[tuple, "StoreView"] = {}
+_fitted: dict[tuple, dict] = {}  # heuristics stepped down to fit a device (`fitted_heuristic`)
 
 
 class Found(NamedTuple):
@@ -137,6 +138,18 @@ def reset() -> None:
     _settings = None
     _memo.clear()
     _views.clear()
+    _fitted.clear()
+
+
+def fitted_heuristic(kernel: str, shape: tuple, device: torch.device, params: dict) -> dict:
+    """A heuristic's `params` for a launch of `shape` on CUDA `device`, stepped down where they
+    would not fit it (`KernelSpace.fitted`); memoised per kernel, shape and device."""
+    from vase_triton.autotune.spaces import SPACES
+
+    memo_key = (kernel, shape, device.index)
+    if memo_key not in _fitted:
+        _fitted[memo_key] = SPACES[kernel].fitted(params, shape, profile_for(device))
+    return _fitted[memo_key]
 
 
 def mode() -> str:

@@ -120,7 +120,24 @@ class KernelSpace(abc.ABC):
     def gpu_heuristic(self, shape: tuple, profile: DeviceProfile) -> dict:
         """The parameters the launcher picks without tuning on a CUDA device of `profile`
         (which need not be present: `--dry-run` lists what a tuning there would try)."""
-        return self.heuristic(shape, torch.device("cuda"))
+        return self.fitted(self.heuristic(shape, torch.device("cuda")), shape, profile)
+
+    def fitted(self, params: dict, shape: tuple, profile: DeviceProfile) -> dict:
+        """`params`, or where their estimated resources do not fit `profile`'s device (the
+        heuristics are written for sm_90's 227 KiB of shared memory a block; sm_86 and sm_89
+        have 99 KiB) the first step-down that does: fewer pipeline stages, then narrower key
+        tiles, then fewer rows, as far as the kernel's minimums allow."""
+        fitted = dict(params)
+        while not self.fits(fitted, shape, profile):
+            if fitted.get("num_stages", 1) > 1:
+                fitted["num_stages"] -= 1
+            elif fitted.get("block_n", 0) // 2 >= self.minimums.get("block_n", 16):
+                fitted["block_n"] //= 2
+            elif fitted.get("block_m", 0) // 2 >= self.minimums.get("block_m", 16):
+                fitted["block_m"] //= 2
+            else:
+                return dict(params)  # nothing smaller to try: the launch reports what does not fit
+        return fitted
 
     @abc.abstractmethod
     def grid(self, shape: tuple, profile: DeviceProfile) -> Iterator[dict]:
@@ -271,7 +288,8 @@ class DecodeSpace(KernelSpace):
         return decode_heuristic(shape, device)._asdict()
 
     def gpu_heuristic(self, shape: DecodeShape, profile: DeviceProfile) -> dict:
-        return decode_heuristic(shape, torch.device("cuda"), profile.multiprocessors)._asdict()
+        return self.fitted(decode_heuristic(shape, torch.device("cuda"), profile.multiprocessors)._asdict(), shape,
+                           profile)  # fmt: skip
 
     def grid(self, shape: DecodeShape, profile: DeviceProfile) -> Iterator[dict]:
         rows = shape.batch * shape.kv_heads

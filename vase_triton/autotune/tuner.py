@@ -45,9 +45,9 @@ class TuneResult:
 
 def candidate_list(kernel: str, shape: tuple, device: torch.device) -> tuple[dict, list[dict]]:
     """(heuristic parameters, candidates): the pruned search space with the heuristic first."""
-    space = SPACES[kernel]
-    default = space.heuristic(shape, device)
-    return default, space.tried(default, shape, profile_for(device))
+    space, profile = SPACES[kernel], profile_for(device)
+    default = space.fitted(space.heuristic(shape, device), shape, profile)
+    return default, space.tried(default, shape, profile)
 
 
 def _describe(error: BaseException) -> str:

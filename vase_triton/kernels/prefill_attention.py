@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vase_triton.autotune.lookup import tuned_params
+from vase_triton.autotune.lookup import fitted_heuristic, tuned_params
 from vase_triton.autotune.shapes import PrefillShape, ScoresShape, dtype_name
 from vase_triton.backend import interpreter_enabled
 from vase_triton.kernels.online_softmax import online_logsumexp_step, online_softmax_step
@@ -321,8 +321,15 @@ def scores_heuristic(shape: ScoresShape) -> TileConfig:
 
 
 def _tuned_or_heuristic(kernel: str, shape, device: torch.device, heuristic) -> TileConfig:
+    """The stored tiles of this launch, else the heuristic's, on CUDA with fewer stages or smaller
+    tiles where the device has less shared memory than they need (`fitted_heuristic`)."""
     tuned = tuned_params(kernel, shape, device)
-    return TileConfig(**tuned) if tuned is not None else heuristic(shape)
+    if tuned is not None:
+        return TileConfig(**tuned)
+    config = heuristic(shape)
+    if device.type != "cuda":
+        return config
+    return TileConfig(**fitted_heuristic(kernel, shape, device, config._asdict()))
 
 
 def _dot_settings(dtype: torch.dtype) -> tuple[bool, str]:
