@@ -64,7 +64,10 @@ SHAPES = profiles.pick({
 class TimedEviction:
     """One timed call on the full, prefilled `layer`: restore its lengths (`C`), token positions
     and scores (`observed` instead, when given) as they were before the first call, then evict
-    (ranking by `importance` when given)."""
+    (ranking by `importance` when given).
+
+    importance, observed: `[B, Hkv, C]` float32, or None.
+    """
 
     def __init__(self, layer: VaSECacheLayer, importance: Optional[torch.Tensor] = None,
                  observed: Optional[torch.Tensor] = None) -> None:  # fmt: skip

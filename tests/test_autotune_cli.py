@@ -261,6 +261,7 @@ def test_tuning_without_a_gpu_is_refused_in_one_line(config_path, capsys):
         (["autotune", "--config", "c.json", "--time-limit", "0"], "argument --time-limit: expected a number of seconds > 0"),
         (["autotune", "--config", "c.json", "--prefill-chunk-size", "32"], "--prefill-chunk-size: expected >= --window = 64; got 32"),
         (["autotune", "--config", "c.json", "--budget", "65"], "--budget: 65 with --window 64: n_sink: expected"),
+        (["autotune", "--config", "c.json", "--policy", "vase-dkv", "--dkv-rank", "2000"], "--dkv-rank: expected"),
         (["autotune", "--config", "c.json", "--dkv-rank", "7"],
          "--dkv-rank: policy 'vase' does not read dkv_rank, so --dkv-rank would be ignored"),
         (["autotune", "--config", "c.json", "--policy", "streaming", "--score-mode", "emitted"],
@@ -271,7 +272,7 @@ def test_tuning_without_a_gpu_is_refused_in_one_line(config_path, capsys):
          "--model: 'org/uncached-model' is neither a local directory nor in the Hugging Face cache, and the hub is unreachable"),
     ],
     ids=["no-source", "missing-config", "budget", "kernel", "batch", "show-and-clear", "time-limit", "prefill-chunk",
-         "budget-without-room-for-sinks", "ignored-dkv-rank", "ignored-score-mode",
+         "budget-without-room-for-sinks", "dkv-rank-too-wide", "ignored-dkv-rank", "ignored-score-mode",
          "missing-directory", "missing-home-directory", "uncached-hub-id-offline"],
 )
 def test_bad_arguments_are_one_line_errors(argv, fragment, capsys, monkeypatch):

@@ -130,6 +130,22 @@ def test_a_generation_config_passed_by_position_is_read_as_by_keyword(model, tok
         model.generate(inputs["input_ids"], GenerationConfig(num_beams=2), attention_mask=inputs["attention_mask"])
     with pytest.raises(TypeError, match="multiple values for argument 'generation_config'"):
         model.generate(inputs["input_ids"], rows, generation_config=rows)
+    too_many = [None] * 20  # more than generate takes: Python's own refusal, nothing dropped
+    with pytest.raises(TypeError, match="positional argument"):
+        model.generate(inputs["input_ids"], rows, *too_many)
+
+
+def test_a_generate_wrapped_before_patching_gets_the_positional_settings_by_name(model, tokenizer):
+    """A `(*args, **kwargs)` wrapper set on the instance (as instrumentation does) still receives
+    `generation_config` under its own name."""
+    inputs = tokenizer(PROMPTS[:1])
+    config = GenerationConfig(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    want = model.generate(inputs["input_ids"], config, attention_mask=inputs["attention_mask"])
+    original = model.generate
+    model.generate = lambda *args, **kwargs: original(*args, **kwargs)
+    vase_triton.patch_qwen3(model, budget=64, window=16)
+    got = model.generate(inputs["input_ids"], config, attention_mask=inputs["attention_mask"])
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("where", ["argument", "generation_config"])
@@ -483,6 +499,18 @@ def test_a_deep_copy_of_a_prefilled_cache_serves_each_generation_from_the_same_p
     assert prompt_cache.seen_tokens == system.shape[1]  # the copies generated; the original holds the prompt
 
 
+def test_a_deep_copy_records_its_own_eviction_graph(model):
+    """A recorded graph replays over the original's buffers: the copy must not carry it."""
+    config = VaSEConfig(budget=64, window=16)
+    vase_triton.patch_qwen3(model, config)
+    cache = VaSECache.for_model(model, config, batch_size=1)
+    recorded = object()
+    cache.eviction_graph = recorded
+    copied = copy.deepcopy(cache)
+    assert copied.eviction_graph is None and cache.eviction_graph is recorded
+    assert all(c.keys.data_ptr() != o.keys.data_ptr() for c, o in zip(copied.stores, cache.stores))
+
+
 def test_a_cache_made_under_inference_mode_serves_later_calls_or_is_refused_by_name(model, tokenizer):
     inputs = tokenizer(PROMPTS[:2])
     with torch.no_grad():
@@ -494,10 +522,34 @@ def test_a_cache_made_under_inference_mode_serves_later_calls_or_is_refused_by_n
         assert torch.equal(model.generate(**inputs, max_new_tokens=5, do_sample=False), want)
     with torch.inference_mode():
         cache = VaSECache.for_model(model, VaSEConfig(budget=512, window=16), batch_size=2)
-    with torch.no_grad(), pytest.raises(RuntimeError, match=r"cache: made under torch.inference_mode\(\)"):
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"cache: used under torch.inference_mode\(\)"):
         model.generate(**inputs, max_new_tokens=5, do_sample=False, cache=cache)
     with torch.inference_mode():
         assert torch.equal(model.generate(**inputs, max_new_tokens=5, do_sample=False, cache=cache), want)
+
+
+def test_buffers_a_cache_makes_later_under_inference_mode_are_checked_too(model, tokenizer):
+    """A prompt longer than the cache stages its chunks in a scratch buffer made at that call: made under
+    inference mode, it must not leave the next call outside it failing in PyTorch."""
+    long_prompt = tokenizer(["x" * 140])
+    config = VaSEConfig(budget=40, window=8)
+    vase_triton.patch_qwen3(model, config)
+    with torch.no_grad():
+        model.generate(**long_prompt, max_new_tokens=1)
+    with torch.inference_mode():
+        model.generate(**long_prompt, max_new_tokens=1)
+    with torch.no_grad():
+        want = model.generate(**long_prompt, max_new_tokens=4, do_sample=False)
+        cache = VaSECache.for_model(model, config, batch_size=1)
+    with torch.inference_mode():
+        model(**long_prompt, cache=cache)  # a user's cache, prefilled under inference mode
+    turn = torch.tensor([tokenizer.encode(TURNS[0])[1:]])
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"cache: used under torch.inference_mode\(\)"):
+        model(input_ids=turn, cache=cache)
+    vase_triton.patch_qwen3(model, config)
+    with torch.no_grad():
+        fresh = model.generate(**long_prompt, max_new_tokens=4, do_sample=False)
+    assert torch.equal(fresh, want)
 
 
 @torch.no_grad()

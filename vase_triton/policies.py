@@ -105,10 +105,7 @@ class Policy:
     reads: tuple[str, ...] = ()
 
     # A registered policy is one object that caches compare by identity (a replaced policy is
-    # refused): a copy of a cache, or of anything holding a policy, keeps the same one.
-    def __copy__(self) -> "Policy":
-        return self
-
+    # refused): a deep copy of a cache, or of anything holding a policy, keeps the same one.
     def __deepcopy__(self, memo: dict) -> "Policy":
         return self
 

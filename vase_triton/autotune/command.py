@@ -17,6 +17,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -26,6 +27,9 @@ from vase_triton.autotune.device import SM90_PROFILE, DeviceProfile, current_cud
 from vase_triton.commands.common import (
     CommandError, choice, comma_list, hub_options, is_out_of_memory, locate_model, positive_int,
 )
+
+if TYPE_CHECKING:
+    from vase_triton.config import VaSEConfig
 
 DTYPE_CHOICES = ("bfloat16", "float16", "float32")
 SCORE_MODE_CHOICES = ("recompute", "emitted")
@@ -151,9 +155,9 @@ def run_autotune(args) -> int:
     return _tune_all(launches, _gpu_profile("tune"), args)
 
 
-def _cache_configs(args) -> list:
-    """The `VaSEConfig` of each `--budget`: options the policy would ignore, and sizes no cache can
-    have (too few slots for the sinks), are one-line errors."""
+def _cache_configs(args) -> list[VaSEConfig]:
+    """The `VaSEConfig` of each `--budget`: options the policy would ignore, and settings no cache can
+    have (too few slots for the sinks, a projection wider than allowed), are one-line errors."""
     from vase_triton.commands.common import why_ignored
     from vase_triton.config import VaSEConfig
     from vase_triton.policies import POLICIES
@@ -175,6 +179,9 @@ def _cache_configs(args) -> list:
                 **given,
             ))  # fmt: skip
         except (ValueError, TypeError) as error:
+            field, _, reason = str(error).partition(":")
+            if field in given:  # a setting of its own
+                raise CommandError(f"--{field.replace('_', '-')}:{reason}") from None
             raise CommandError(f"--budget: {budget} with --window {args.window}: {error}") from None
     return configs
 

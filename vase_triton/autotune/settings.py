@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from vase_triton.backend import interpreter_enabled
@@ -50,11 +51,13 @@ def store_directory() -> Path:
         given = f"got {configured!r}" if configured else "it is not set"
         raise ValueError(f"VASE_AUTOTUNE_DIR: expected a directory path ({error}); {given}") from None
     try:
-        is_other = directory.exists() and not directory.is_dir()
-    except OSError as error:  # Python 3.11's exists() raises for anything but "not found"
+        is_directory = stat.S_ISDIR(directory.stat().st_mode)
+    except FileNotFoundError:  # made when a result is first stored
+        return directory
+    except OSError as error:  # a parent without permission, a name too long, ...
         raise ValueError(
             f"VASE_AUTOTUNE_DIR: expected a usable directory; got {str(directory)!r} ({error.strerror or error})"
         ) from None
-    if is_other:
+    if not is_directory:
         raise ValueError(f"VASE_AUTOTUNE_DIR: expected a directory; got {str(directory)!r}, which is not one")
     return directory

@@ -300,12 +300,17 @@ class VaSECache(Cache):
         recorded over them)."""
         wanted = _Layout.of(config, batch_size=batch_size, max_length=max_length, **_model_geometry(model))
         same_policy = self.stores[0].policy is config.policy_spec  # one config for all layers
-        return wanted == self.layout and same_policy and not self._locked_in_inference_tensors()
+        return wanted == self.layout and same_policy and not self._locked_in_inference_tensors(every_buffer=True)
 
-    def _locked_in_inference_tensors(self) -> bool:
-        """Whether the buffers were made under `torch.inference_mode()`, which is off now: PyTorch then
-        refuses to write them."""
-        return bool(self.stores) and self.stores[0].keys.is_inference() and not torch.is_inference_mode_enabled()
+    def _locked_in_inference_tensors(self, *, every_buffer: bool) -> bool:
+        """Whether buffers were made under `torch.inference_mode()`, which is off now: PyTorch then
+        refuses to write them. `every_buffer`: all of them, those made lazily (query ring, decode
+        workspace, prefill scratch) included; else the keys of the first layer only (a per-step check)."""
+        if torch.is_inference_mode_enabled() or not self.stores:
+            return False
+        if not every_buffer:
+            return self.stores[0].keys.is_inference()
+        return any(buffer.is_inference() for store in self.stores for buffer in store.buffers())
 
     def check_model(self, model) -> None:
         """Raise unless the buffers were made for `model`'s layer count, KV heads, head dim and
@@ -445,16 +450,17 @@ class VaSECache(Cache):
             self._mask_placeholders[device] = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
         return self._mask_placeholders[device]
 
-    def check_usable(self) -> None:
+    def check_usable(self, *, every_buffer: bool = False) -> None:
         """Refuse a cache whose layers disagree on what they hold (a step failed after some of them stored),
-        that was built for a policy replaced since, or whose buffers only inference mode may write."""
+        that was built for a policy replaced since, or whose buffers only inference mode may write (with
+        `every_buffer`, also those made after the cache, as a step that is not a decode step checks)."""
         if self._broken is not None:
             raise RuntimeError(f"cache: {self._broken}, so its layers disagree; call cache.reset() or make a new cache")
-        if self._locked_in_inference_tensors():
+        if self._locked_in_inference_tensors(every_buffer=every_buffer):
             raise RuntimeError(
-                "cache: made under torch.inference_mode(), whose tensors PyTorch lets no code outside it write; "
-                "run this call under torch.inference_mode() too, or make the cache outside it (torch.no_grad() "
-                "is enough for generation)"
+                "cache: used under torch.inference_mode(), whose tensors PyTorch lets no code outside it write; "
+                "run this call under torch.inference_mode() too, or make and use the cache outside it "
+                "(torch.no_grad() is enough for generation)"
             )
         if self.stores:
             self.stores[0].check_policy()  # the layers share one config
@@ -477,8 +483,8 @@ class VaSECache(Cache):
             )
 
     def check_prompt_mask(self, num_tokens: int, attention_mask: object) -> None:
-        """`check_mask_layout` and the padding rules of `begin_step` on a whole prompt, so that one stored in
-        chunks is refused before its first chunk is stored."""
+        """`check_mask_layout` and the padding rules of `begin_step` on a whole prompt's mask (`[B, T]` or
+        `[B, seen + T]`), so that a prompt stored in chunks is refused before its first chunk is stored."""
         self.check_mask_layout(num_tokens, attention_mask)
         self._valid_lengths(num_tokens, attention_mask)
 
@@ -527,8 +533,10 @@ class VaSECache(Cache):
         return output
 
     def reset(self) -> None:
-        """Empty every layer without reallocating, ready for a new generation."""
+        """Empty every layer without reallocating, ready for a new generation (the prefill scratch,
+        which only a prompt or a new turn holds, is released)."""
         super().reset()
+        self._scratch.release()
         self.seen_tokens = 0
         self.decode_steps = 0
         self._broken = None

@@ -225,6 +225,7 @@ def _patched_forward(self, *args, **kwargs):
             f"input_ids: expected {cache.stores[0].batch_size} rows, the batch size the cache was made for; got {rows}"
         )
     if new_tokens > 1 or cache.seen_tokens == 0:  # not a decode step (`begin_step` checks those)
+        cache.check_usable(every_buffer=True)
         cache.check_model(self)
         cache.stores[0].check_room(new_tokens)  # refused whole, before any chunk is stored (layers fill alike)
     elif not cache.checked_for(self):  # a decode step of another model than the last checked
@@ -363,15 +364,15 @@ _REFUSED_GENERATION = {
 }
 
 
-def _positional_as_keywords(generate: Callable, args: tuple, kwargs: dict) -> tuple:
-    """`args` past the first (the inputs) moved into `kwargs` under the names `generate` gives them
-    (`generation_config`, `logits_processor`, ...), so that every setting is read where it is given."""
-    if len(args) <= 1:
+def _positional_as_keywords(model, args: tuple, kwargs: dict) -> tuple:
+    """`args` past the first (the inputs) moved into `kwargs` under the names transformers' `generate`
+    gives them (`generation_config`, `logits_processor`, ...), so that every setting is read where it
+    is given. More positional arguments than it takes are left for it to refuse."""
+    parameters = list(inspect.signature(type(model).generate).parameters.values())[1:]  # after `self`
+    positional = [p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    if len(args) <= 1 or len(args) > len(positional):
         return args
-    names = list(inspect.signature(generate).parameters)
-    if names and names[0] == "self":
-        names = names[1:]
-    for name, value in zip(names[1 : len(args)], args[1:]):
+    for name, value in zip(positional[1:], args[1:]):
         if name in kwargs:
             raise TypeError(f"generate: got multiple values for argument {name!r}")
         kwargs[name] = value
@@ -381,7 +382,7 @@ def _positional_as_keywords(generate: Callable, args: tuple, kwargs: dict) -> tu
 def _patched_generate(self, *args, **kwargs):
     """`generate` that creates a `VaSECache` for this call when none is given."""
     state: _PatchState = patch_state(self)
-    args = _positional_as_keywords(state.previous_generate, args, kwargs)
+    args = _positional_as_keywords(self, args, kwargs)
     for name, (feature, refused) in _REFUSED_GENERATION.items():
         value = _generation_setting(self, kwargs, name)
         if refused(value):
