@@ -129,7 +129,7 @@ def run_autotune(args) -> int:
         raise CommandError(
             f"--prefill-chunk-size: expected >= --window = {args.window}; got {args.prefill_chunk_size}"
         )
-    configs = _cache_configs(args)
+    config = _cache_config(args)
     model, options = args.model, {}
     if model is not None:
         from transformers import AutoConfig
@@ -145,7 +145,7 @@ def run_autotune(args) -> int:
         (kernel, shape)
         for kernel, shape in tuning_launches(
             layout, batches=args.batch, budgets=args.budget, prompt_lens=args.prompt_len, dtypes=args.dtype,
-            window=args.window, score_mode=configs[0].score_mode, policy=args.policy, dkv_rank=configs[0].dkv_rank,
+            window=args.window, score_mode=config.score_mode, policy=args.policy, dkv_rank=config.dkv_rank,
             prefill_chunk=args.prefill_chunk_size,
         )
         if kernel in args.kernels
@@ -155,9 +155,10 @@ def run_autotune(args) -> int:
     return _tune_all(launches, _gpu_profile("tune"), args)
 
 
-def _cache_configs(args) -> list[VaSEConfig]:
-    """The `VaSEConfig` of each `--budget`: options the policy would ignore, and settings no cache can
-    have (too few slots for the sinks, a projection wider than allowed), are one-line errors."""
+def _cache_config(args) -> VaSEConfig:
+    """The `VaSEConfig` of the first `--budget` (the settings every budget shares), once every budget's
+    is known valid: options the policy would ignore, and settings no cache can have (too few slots for
+    the sinks, a projection wider than allowed), are one-line errors."""
     from vase_triton.commands.common import why_ignored
     from vase_triton.config import VaSEConfig
     from vase_triton.policies import POLICIES
@@ -183,7 +184,7 @@ def _cache_configs(args) -> list[VaSEConfig]:
             if field in given:  # a setting of its own
                 raise CommandError(f"--{field.replace('_', '-')}:{reason}") from None
             raise CommandError(f"--budget: {budget} with --window {args.window}: {error}") from None
-    return configs
+    return configs[0]
 
 
 def _dry_run(launches: list[tuple[str, tuple]], layout) -> int:

@@ -450,20 +450,24 @@ class VaSECache(Cache):
             self._mask_placeholders[device] = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
         return self._mask_placeholders[device]
 
-    def check_usable(self, *, every_buffer: bool = False) -> None:
+    def check_usable(self) -> None:
         """Refuse a cache whose layers disagree on what they hold (a step failed after some of them stored),
-        that was built for a policy replaced since, or whose buffers only inference mode may write (with
-        `every_buffer`, also those made after the cache, as a step that is not a decode step checks)."""
+        that was built for a policy replaced since, or whose first layer's keys only inference mode may write."""
         if self._broken is not None:
             raise RuntimeError(f"cache: {self._broken}, so its layers disagree; call cache.reset() or make a new cache")
+        self.check_writable(every_buffer=False)
+        if self.stores:
+            self.stores[0].check_policy()  # the layers share one config
+
+    def check_writable(self, *, every_buffer: bool = True) -> None:
+        """Refuse a cache whose buffers only inference mode may write, outside it (`every_buffer`: also
+        those made after the cache, as a step that is not a decode step checks; else one, per step)."""
         if self._locked_in_inference_tensors(every_buffer=every_buffer):
             raise RuntimeError(
                 "cache: used under torch.inference_mode(), whose tensors PyTorch lets no code outside it write; "
                 "run this call under torch.inference_mode() too, or make and use the cache outside it "
                 "(torch.no_grad() is enough for generation)"
             )
-        if self.stores:
-            self.stores[0].check_policy()  # the layers share one config
 
     def check_mask_layout(self, num_tokens: int, attention_mask: object) -> None:
         """A mask must be 2D `[B, T]` or `[B, seen + T]`: the cache reads padding from it and masks itself."""

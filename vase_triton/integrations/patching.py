@@ -225,7 +225,7 @@ def _patched_forward(self, *args, **kwargs):
             f"input_ids: expected {cache.stores[0].batch_size} rows, the batch size the cache was made for; got {rows}"
         )
     if new_tokens > 1 or cache.seen_tokens == 0:  # not a decode step (`begin_step` checks those)
-        cache.check_usable(every_buffer=True)
+        cache.check_writable()
         cache.check_model(self)
         cache.stores[0].check_room(new_tokens)  # refused whole, before any chunk is stored (layers fill alike)
     elif not cache.checked_for(self):  # a decode step of another model than the last checked
@@ -408,7 +408,8 @@ def _patched_generate(self, *args, **kwargs):
     if cache is None and _generation_setting(self, kwargs, "use_cache") is not False:
         kwargs[state.cache_kwarg] = _cache_for_call(self, state, args, kwargs)
     output = state.previous_generate(*args, **kwargs)
-    if any(getattr(output, name, None) is state.last_cache for name in ("cache", "past_key_values")):
+    returned = (getattr(output, name, None) for name in ("cache", "past_key_values"))
+    if state.last_cache is not None and any(held is state.last_cache for held in returned):
         state.last_cache = None  # returned to the caller, who may pass it back: no later call resets it
     return output
 

@@ -18,7 +18,6 @@ from vase_triton.ops.library_op import library_op
 from vase_triton.validation import CACHE_DTYPES, check_cache_tensors, check_rank, check_same_device, check_same_dtype
 
 
-
 @library_op(
     "append_",
     mutates_args=("keys", "values", "magnitudes", "positions", "lengths", "next_positions"),
