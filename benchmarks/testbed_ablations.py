@@ -8,10 +8,17 @@ one switch turned, once per run seed (which fixes every eviction's draws), and s
 answers right and the whole traces exact over the seeds:
 
 - value protection (`protect_values`): off for `vase`, on for `snapkv`;
-- survivor order (`vase`), a deviation from the VaSE authors' code: ours keeps survivors
-  in temporal order; theirs writes [sinks and protected by decreasing value magnitude,
-  sampled in draw order, recent window], so after the first eviction its average pool
-  smooths over permuted neighbours;
+- survivor order (`vase`, `snapkv`, `rkv`), a deviation from the VaSE authors' code: ours
+  keeps survivors in temporal order; theirs writes [sinks and protected by decreasing value
+  magnitude, sampled in draw order, recent window], and their SnapKV and R-KV baselines
+  write the kept candidates by decreasing score (the switch keeps our sinks first), so
+  after the first eviction an average pool smooths over permuted neighbours;
+- the precision of `vase`'s importance, a deviation: ours computes the window attention
+  in float32; theirs takes the logits of a bfloat16 matmul, casts the float32 softmax's
+  probabilities back to bfloat16 and averages them in bfloat16;
+- the precision of `vase`'s value range, a deviation: ours takes `amax - amin` in
+  float32; theirs in the cache's dtype. Both precision ablations run the testbed in
+  bfloat16 (`--dtype bfloat16`), where the two differ;
 - `vase-dkv`'s projections, a deviation too: ours draws one per layer, row and KV head;
   theirs draws one per row and shares it across the KV heads;
 - `vase-dkv`'s projection precision, a deviation: ours projects the cache against a float32
@@ -40,7 +47,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, ContextManager, Iterator, NamedTuple
+from typing import Callable, ContextManager, Iterator, NamedTuple, Optional
 from unittest import mock
 
 import torch
@@ -95,6 +102,67 @@ def authors_bfloat16_energy(
     return (energy / energy.sum(dim=-1, keepdim=True)).float().nan_to_num(0.0)
 
 
+def authors_bfloat16_window_attention(
+    q: torch.Tensor, k: torch.Tensor, candidate_lens: torch.Tensor, *, scale: float,
+    q_valid: Optional[torch.Tensor] = None,
+) -> torch.Tensor:  # fmt: skip
+    """`reference.candidate_attention` as the authors compute it in a bfloat16 model: the logits
+    of a bfloat16 matmul divided by `sqrt(D)` in bfloat16, a float32 softmax over the
+    candidates whose probabilities are cast back to bfloat16, then their means over the
+    window and over the group's query heads in bfloat16. Queries outside `q_valid` add 0.
+
+    Args: as `reference.candidate_attention` (`q` `[B, Hq, W, D]`, `k` `[B, Hkv, N, D]`).
+    Returns: `[B, Hkv, N]` float32 holding bfloat16 values, 0 past each row's candidates.
+    """
+    batch, q_heads, window, head_dim = q.shape
+    kv_heads, num_slots = k.shape[1], k.shape[2]
+    if window == 0:
+        return torch.zeros((batch, kv_heads, num_slots), dtype=torch.float32, device=q.device)
+    group = q_heads // kv_heads
+    queries = q.to(torch.bfloat16).view(batch, kv_heads, group, window, head_dim)
+    logits = (queries @ k.to(torch.bfloat16).unsqueeze(2).transpose(-1, -2)) / (1.0 / scale)  # [B, Hkv, G, W, N]
+    hidden = torch.arange(num_slots, device=q.device) >= candidate_lens.to(q.device).view(batch, 1, 1, 1, 1)
+    probabilities = torch.softmax(logits.masked_fill(hidden, float("-inf")), dim=-1, dtype=torch.float32)
+    probabilities = probabilities.nan_to_num(0.0).to(torch.bfloat16)  # a row with no candidate: 0
+    if q_valid is not None:
+        probabilities = torch.where(q_valid.view(batch, 1, 1, window, 1), probabilities, 0.0)
+    return probabilities.mean(dim=-2).mean(dim=2).float()
+
+
+def rounded_to_bfloat16(pool: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`pool` (`reference.pooled_candidates`) with its float32 result rounded to bfloat16, as the
+    authors' pooling of bfloat16 scores gives."""
+
+    def pooled(*args, **kwargs) -> torch.Tensor:
+        return pool(*args, **kwargs).to(torch.bfloat16).float()
+
+    return pooled
+
+
+@contextlib.contextmanager
+def authors_bfloat16_importance() -> Iterator[None]:
+    """The window attention of every eviction at the authors' precision (see
+    `authors_bfloat16_window_attention`), pooled in float32, then rounded to bfloat16 (theirs
+    pools each query head's bfloat16 mean, then averages the heads: the same sums, in
+    another order)."""
+    with mock.patch.object(reference, "pooled_candidates", rounded_to_bfloat16(reference.pooled_candidates)):
+        with mock.patch.object(reference, "candidate_attention", authors_bfloat16_window_attention):
+            yield
+
+
+def range_in_cache_dtype(magnitude: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`magnitude` (`reference.value_magnitude`) with the `range` statistic taken in the values'
+    own dtype, as the authors take `amax - amin` of a bfloat16 cache; other statistics unchanged.
+    Returns `[...]` float32 like `magnitude`."""
+
+    def value_magnitude(values: torch.Tensor, stat: str) -> torch.Tensor:
+        if stat != "range":
+            return magnitude(values, stat)
+        return (values.amax(dim=-1) - values.amin(dim=-1)).to(torch.float32)
+
+    return value_magnitude
+
+
 def authors_eviction_trigger(decode_step: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """`VaSECacheLayer.decode_step` followed by the authors' trigger: once the step has stored its
     token, a layer holding more than `budget` tokens at a multiple of `window` evicts down to
@@ -134,6 +202,15 @@ ABLATIONS = [
     Ablation("value protection", "snapkv", "off", "on", lambda: configured(protect_values=True)),
     Ablation("survivor order", "vase", "temporal", "authors'",
              lambda: mock.patch.object(reference, "survivor_slots", authors_survivor_slots)),
+    Ablation("survivor order", "snapkv", "temporal", "by decreasing score (authors')",
+             lambda: mock.patch.object(reference, "survivor_slots", authors_survivor_slots)),
+    Ablation("survivor order", "rkv", "temporal", "by decreasing score (authors')",
+             lambda: mock.patch.object(reference, "survivor_slots", authors_survivor_slots)),
+    Ablation("importance precision", "vase", "float32", "bfloat16 (authors')", authors_bfloat16_importance,
+             eval_args=("--dtype", "bfloat16")),
+    Ablation("value range precision", "vase", "float32", "bfloat16 (authors')",
+             lambda: mock.patch.object(reference, "value_magnitude", range_in_cache_dtype(reference.value_magnitude)),
+             eval_args=("--dtype", "bfloat16")),
     Ablation("projections", "vase-dkv", "per KV head", "shared by a row's heads (authors')",
              lambda: mock.patch.object(policies, "dkv_projection", shared_projection(policies.dkv_projection))),
     Ablation("projection precision", "vase-dkv", "float32", "bfloat16 (authors')",

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 
 from benchmarks.testbed_ablations import (
     authors_bfloat16_energy,
+    authors_bfloat16_importance,
+    authors_bfloat16_window_attention,
     authors_eviction_trigger,
     authors_survivor_slots,
     configured,
+    range_in_cache_dtype,
     shared_projection,
 )
-from vase_triton import VaSEConfig, reference
+from vase_triton import VaSEConfig, ops, reference
+from vase_triton.ops.candidate_pool import pooled_candidates
 from vase_triton.cache import VaSECacheLayer
 from vase_triton.cache_tensors import CacheTensors
 from vase_triton.eval.runner import EvalSettings, Run
@@ -50,6 +56,79 @@ def test_authors_order_keeps_the_same_tokens_in_another_order(monkeypatch):
     assert torch.equal(theirs.positions.sort(dim=-1).values, ours.positions.sort(dim=-1).values)
     assert not torch.equal(theirs.positions, ours.positions)
     assert torch.equal(ours.positions[..., :24], ours.positions[..., :24].sort(dim=-1).values)  # temporal
+
+
+def test_authors_order_of_a_top_k_policy_is_by_decreasing_score():
+    """Temperature 0 (snapkv, rkv): the kept candidates are written by decreasing importance,
+    after the sink and before the window; ours keeps them in slot order."""
+    keys, values = torch.randn(1, 1, 10, 4), torch.randn(1, 1, 10, 4)
+    importance = torch.tensor([[[0.0, 0.1, 0.9, 0.0, 0.5, 0.3, 0.2, 0.7, 0.0, 0.0]]])
+    selection = dict(budget=6, window=2, n_sink=1, n_protect=0, temperature=0.0, seed=0)
+    positions = []
+    for order in (reference.survivor_slots, authors_survivor_slots):
+        cache = CacheTensors.empty(1, 1, 10, 4, dtype=torch.float32, device="cpu")
+        reference.append_(cache, keys, values, value_stat="range")
+        with mock.patch.object(reference, "survivor_slots", order):
+            reference.evict_(cache, importance, **selection)
+        positions.append(cache.positions[0, 0, :6].tolist())
+    assert positions == [[0, 2, 4, 7, 8, 9], [0, 2, 7, 4, 8, 9]]
+
+
+def test_authors_bfloat16_window_attention_rounds_where_theirs_does(monkeypatch):
+    """Against the same expression in float64 with a bfloat16 rounding after the matmul, the
+    scaling, the softmax and each mean: equal up to a bfloat16 step or two (a float32 and a
+    float64 accumulation can round apart); within a few percent of our float32 importance;
+    queries outside `q_valid` and slots past the candidates count for nothing. Through the
+    switch, the op the cache calls (PyTorch backend) returns it, and the pool's output is
+    rounded to bfloat16."""
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    generator = torch.Generator().manual_seed(5)
+    q = torch.randn(3, 4, 5, 32, generator=generator)
+    k = torch.randn(3, 2, 12, 32, generator=generator)
+    candidate_lens = torch.tensor([12, 7, 0])
+    q_valid = torch.tensor([[True] * 5, [False, True, True, True, True], [True] * 5])
+    scale = 32**-0.5
+    theirs = authors_bfloat16_window_attention(q, k, candidate_lens, scale=scale, q_valid=q_valid)
+
+    def bf16(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(torch.bfloat16).double()
+
+    logits = bf16(bf16(bf16(q).view(3, 2, 2, 5, 32) @ bf16(k).unsqueeze(2).transpose(-1, -2)) / 32**0.5)
+    logits = logits.masked_fill(torch.arange(12) >= candidate_lens.view(3, 1, 1, 1, 1), float("-inf"))
+    probabilities = bf16(torch.softmax(logits, dim=-1).nan_to_num(0.0))
+    probabilities = torch.where(q_valid.view(3, 1, 1, 5, 1), probabilities, 0.0)
+    expected = bf16(bf16(probabilities.mean(dim=-2)).mean(dim=2))
+    assert theirs.dtype == torch.float32 and torch.equal(theirs, theirs.to(torch.bfloat16).float())
+    torch.testing.assert_close(theirs.double(), expected, rtol=2**-6, atol=0.0)
+    assert bool((theirs[1, :, 7:] == 0).all()) and bool((theirs[2] == 0).all())
+
+    ours = reference.candidate_attention(q, k, candidate_lens, scale=scale, q_valid=q_valid)
+    torch.testing.assert_close(theirs, ours, rtol=0.05, atol=0.0)
+    assert not torch.equal(theirs, ours)
+    poisoned = q.clone()
+    poisoned[1, :, 0] = float("nan")  # row 1's first query is not valid
+    assert torch.equal(authors_bfloat16_window_attention(poisoned, k, candidate_lens, scale=scale, q_valid=q_valid),
+                       theirs)  # fmt: skip
+
+    lengths = torch.tensor([12, 12, 12], dtype=torch.int32)
+    pooled = pooled_candidates(ours, lengths, window=2, width=5)
+    with authors_bfloat16_importance():
+        assert torch.equal(ops.candidate_attention(q, k, candidate_lens, scale=scale, q_valid=q_valid), theirs)
+        assert torch.equal(pooled_candidates(ours, lengths, window=2, width=5), pooled.to(torch.bfloat16).float())
+    assert torch.equal(ops.candidate_attention(q, k, candidate_lens, scale=scale, q_valid=q_valid), ours)
+
+
+def test_range_in_cache_dtype_rounds_a_bfloat16_range():
+    """`1 - (-2^-8)` is `1 + 2^-8` in float32, a tie that bfloat16 (7 fraction bits) rounds to
+    1; float32 values and the other statistics are unchanged."""
+    magnitude = range_in_cache_dtype(reference.value_magnitude)
+    values = torch.tensor([[1.0, -(2**-8), 0.5]])
+    assert magnitude(values.to(torch.bfloat16), "range").tolist() == [1.0]
+    assert reference.value_magnitude(values.to(torch.bfloat16), "range").tolist() == [1 + 2**-8]
+    assert magnitude(values, "range").tolist() == [1 + 2**-8]
+    for stat in ("absmax", "l2", "var"):
+        assert torch.equal(magnitude(values.to(torch.bfloat16), stat),
+                           reference.value_magnitude(values.to(torch.bfloat16), stat))  # fmt: skip
 
 
 def test_configuration_and_shared_projection_switches():
