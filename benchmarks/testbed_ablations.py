@@ -30,6 +30,11 @@ answers right and the whole traces exact over the seeds:
   leaves more than `budget` tokens at a multiple of `window`, down to `budget`. The two
   differ when `budget` is not a multiple of `window`, as at every testbed budget (135, 68
   and 34 at window 16);
+- prompt compression (`vase`), a deviation: ours compresses a prompt longer than
+  `C = budget + window` at prefill, with its last `window` queries; the authors' cache
+  holds the whole prompt and evicts it while decoding, at their trigger. The testbed's
+  66-token prompt is longer than `C` at 8x (budget 34). Both variants run under the
+  authors' trigger, so that they differ only in the prompt's compression;
 - sinks in the baselines `snapkv` and `rkv`, a deviation: ours keeps the first `n_sink`
   tokens under every evicting policy, the authors' SnapKV and R-KV modes keep none;
 - R-KV's `λ` (`rkv`): ours defaults to 0.1, R-KV's value; the authors' scripts pass 0.5.
@@ -54,13 +59,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vase_triton import cli, policies, reference  # noqa: E402
+from vase_triton import VaSEConfig, cli, policies, reference  # noqa: E402
 from vase_triton.cache import VaSECacheLayer  # noqa: E402
 from vase_triton.cache_tensors import slot_mask  # noqa: E402
 from vase_triton.commands.common import positive_int  # noqa: E402
 from vase_triton.eval.runner import RESULTS_FILE, Run, read_results  # noqa: E402
 from vase_triton.ops import projected_energy as projected_energy_op  # noqa: E402
 from vase_triton.testbed.harness import COMPRESSIONS, compression_budget  # noqa: E402
+from vase_triton.testbed.task import PROMPT_TOKENS  # noqa: E402
+
+# Slots a testbed prompt takes: its words between `<bos>` and `<think>`.
+PROMPT_SLOTS = 1 + PROMPT_TOKENS + 1
 
 
 def authors_survivor_slots(survivors: reference.Survivors, budget: int) -> torch.Tensor:
@@ -178,6 +187,19 @@ def authors_eviction_trigger(decode_step: Callable[..., torch.Tensor]) -> Callab
     return decode_step_then_trigger
 
 
+def authors_trigger() -> ContextManager:
+    """Every cache layer evicts with the authors' trigger (`authors_eviction_trigger`)."""
+    return mock.patch.object(VaSECacheLayer, "decode_step", authors_eviction_trigger(VaSECacheLayer.decode_step))
+
+
+def room_for_the_prompt() -> ContextManager:
+    """Every cache sized `budget + window + PROMPT_SLOTS` instead of `budget + window`, so that a
+    testbed prompt is never compressed at prefill; under the authors' trigger the first
+    eviction then comes while decoding, when the length first passes `budget` at a
+    multiple of `window`, and drops everything past `budget`, as the authors' does."""
+    return mock.patch.object(VaSEConfig, "capacity", property(lambda config: config.budget + config.window + PROMPT_SLOTS))
+
+
 def configured(**changes) -> ContextManager:
     """Every evaluated cache configured with `changes` (VaSEConfig fields) on top of eval's."""
     configure = Run.config
@@ -195,6 +217,7 @@ class Ablation(NamedTuple):
     switched: str
     switch: Callable[[], ContextManager]
     eval_args: tuple[str, ...] = ()  # `vase-triton eval` arguments of both variants
+    both: Callable[[], ContextManager] = contextlib.nullcontext  # a switch both variants run under
 
 
 ABLATIONS = [
@@ -217,8 +240,9 @@ ABLATIONS = [
              lambda: mock.patch.object(projected_energy_op, "projected_energy", authors_bfloat16_energy),
              eval_args=("--dtype", "bfloat16")),
     Ablation("eviction trigger", "vase", "at budget + window", "past budget at each multiple of window (authors')",
-             lambda: mock.patch.object(VaSECacheLayer, "decode_step",
-                                       authors_eviction_trigger(VaSECacheLayer.decode_step))),
+             authors_trigger),
+    Ablation("prompt compression", "vase", "at prefill", "at the first eviction while decoding (authors')",
+             room_for_the_prompt, both=authors_trigger),
     Ablation("sinks", "snapkv", "4 kept", "none (authors')", lambda: configured(n_sink=0)),
     Ablation("sinks", "rkv", "4 kept", "none (authors')", lambda: configured(n_sink=0)),
     Ablation("R-KV λ", "rkv", "0.1", "0.5 (authors' scripts)", lambda: configured(rkv_lambda=0.5)),
@@ -249,9 +273,10 @@ def measure(ablation: Ablation, seeds: int, out: Path) -> Iterator[tuple[int, tu
     default, switched = [], []
     for seed in range(seeds):
         run_dir = out / f"{ablation.name}-{ablation.policy}".replace(" ", "-") / f"seed{seed}"
-        default += evaluate(ablation.policy, seed, run_dir / "default", ablation.eval_args)
-        with ablation.switch():
-            switched += evaluate(ablation.policy, seed, run_dir / "switched", ablation.eval_args)
+        with ablation.both():
+            default += evaluate(ablation.policy, seed, run_dir / "default", ablation.eval_args)
+            with ablation.switch():
+                switched += evaluate(ablation.policy, seed, run_dir / "switched", ablation.eval_args)
     default_tally, switched_tally = tally(default), tally(switched)
     for budget in sorted(default_tally, reverse=True):
         yield budget, default_tally[budget], switched_tally[budget]

@@ -8,13 +8,16 @@ import pytest
 import torch
 
 from benchmarks.testbed_ablations import (
+    PROMPT_SLOTS,
     authors_bfloat16_energy,
     authors_bfloat16_importance,
     authors_bfloat16_window_attention,
     authors_eviction_trigger,
     authors_survivor_slots,
+    authors_trigger,
     configured,
     range_in_cache_dtype,
+    room_for_the_prompt,
     shared_projection,
 )
 from vase_triton import VaSEConfig, ops, reference
@@ -209,3 +212,46 @@ def test_authors_trigger_evicts_past_budget_at_each_multiple_of_window(monkeypat
     assert (evicted_at_the_end_of_the_step == theirs) == (budget % 4 == 0)
     if budget == 10:
         assert ours[13:16] == [14, 11, 12] and theirs[11:14] == [10, 11, 10]
+
+
+def test_room_for_the_prompt_moves_its_compression_to_the_first_eviction_while_decoding(monkeypatch):
+    """The testbed at 8x (budget 34, window 16, C = 50) under the authors' trigger: as shipped,
+    the 66-slot prompt is compressed to 34 at prefill, then each step adds one token and
+    the length is cut back to 34 at 48; with room for the prompt the layer keeps all 66
+    slots until the length first passes 34 at a multiple of 16 (80, 14 steps on), then
+    follows the same cycle."""
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    config = VaSEConfig(policy="vase", budget=34, window=16)
+    generator = torch.Generator().manual_seed(4)
+    prompt = [torch.randn(1, 4, PROMPT_SLOTS, 32, generator=generator)] + [
+        torch.randn(1, 2, PROMPT_SLOTS, 32, generator=generator) for _ in range(2)
+    ]
+    steps = [[torch.randn(1, h, 1, 32, generator=generator) for h in (4, 2, 2)] for _ in range(20)]
+
+    def lengths() -> list[int]:
+        layer = VaSECacheLayer(config, batch_size=1, num_kv_heads=2, head_dim=32, dtype=torch.float32, device="cpu")
+        layer.prefill(*prompt, scale=32**-0.5)
+        seen = [int(layer.lengths[0])]
+        for query, key, value in steps:
+            layer.decode(query, key, value, scale=32**-0.5)
+            seen.append(int(layer.lengths[0]))
+        return seen
+
+    with authors_trigger():
+        shipped = lengths()
+        with room_for_the_prompt():
+            assert config.capacity == 34 + 16 + 66
+            roomy = lengths()
+    assert config.capacity == 50  # undone on exit
+
+    def authors(length: int) -> list[int]:
+        seen = [length]
+        for _ in steps:
+            length += 1
+            if length > 34 and length % 16 == 0:
+                length = 34
+            seen.append(length)
+        return seen
+
+    assert shipped == authors(34) and roomy == authors(66)
+    assert roomy[:15] == list(range(66, 80)) + [34]
