@@ -214,14 +214,16 @@ def test_authors_trigger_evicts_past_budget_at_each_multiple_of_window(monkeypat
         assert ours[13:16] == [14, 11, 12] and theirs[11:14] == [10, 11, 10]
 
 
-def test_room_for_the_prompt_moves_its_compression_to_the_first_eviction_while_decoding(monkeypatch):
-    """The testbed at 8x (budget 34, window 16, C = 50) under the authors' trigger: as shipped,
-    the 66-slot prompt is compressed to 34 at prefill, then each step adds one token and
-    the length is cut back to 34 at 48; with room for the prompt the layer keeps all 66
-    slots until the length first passes 34 at a multiple of 16 (80, 14 steps on), then
-    follows the same cycle."""
+@pytest.mark.parametrize("budget", [34, 50])
+def test_room_for_the_prompt_moves_its_compression_to_the_first_eviction_while_decoding(monkeypatch, budget):
+    """The testbed's 66-slot prompt under the authors' trigger (window 16). At 8x (budget 34,
+    C = 50) it is compressed to 34 at prefill as shipped; at budget 50 it fills C = 66 and
+    the first decode step evicts it to 50. Then each step adds one token and the length is
+    cut back to the budget at the next multiple of 16. With room for the prompt the layer
+    keeps all 66 slots until the length first passes the budget at a multiple of 16 (80,
+    14 steps on), then follows the same cycle."""
     monkeypatch.setenv("VASE_BACKEND", "torch")
-    config = VaSEConfig(policy="vase", budget=34, window=16)
+    config = VaSEConfig(policy="vase", budget=budget, window=16)
     generator = torch.Generator().manual_seed(4)
     prompt = [torch.randn(1, 4, PROMPT_SLOTS, 32, generator=generator)] + [
         torch.randn(1, 2, PROMPT_SLOTS, 32, generator=generator) for _ in range(2)
@@ -240,18 +242,18 @@ def test_room_for_the_prompt_moves_its_compression_to_the_first_eviction_while_d
     with authors_trigger():
         shipped = lengths()
         with room_for_the_prompt():
-            assert config.capacity == 34 + 16 + 66
+            assert config.capacity == budget + 16 + 66
             roomy = lengths()
-    assert config.capacity == 50  # undone on exit
+    assert config.capacity == budget + 16  # undone on exit
 
     def authors(length: int) -> list[int]:
         seen = [length]
         for _ in steps:
             length += 1
-            if length > 34 and length % 16 == 0:
-                length = 34
+            if length > budget and length % 16 == 0:
+                length = budget
             seen.append(length)
         return seen
 
-    assert shipped == authors(34) and roomy == authors(66)
-    assert roomy[:15] == list(range(66, 80)) + [34]
+    assert shipped == (authors(34) if budget == 34 else [66] + authors(50)[1:])
+    assert roomy == authors(66) and roomy[:15] == list(range(66, 80)) + [budget]
