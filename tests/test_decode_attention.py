@@ -211,6 +211,24 @@ def test_slots_past_cache_lens_are_never_read_and_an_empty_capacity_gives_zero(b
     assert torch.equal(empty, torch.zeros_like(q))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reference_reads_a_nan_it_should_and_none_it_should_not(dtype):
+    """On a CPU the reference multiplies by the values as they are and zeroes the unread slots
+    only when the product is not finite: a NaN value in a read slot still makes the output of
+    its row's KV group NaN (every probability there is > 0), while inf values past
+    `cache_lens` in another row leave that row as it was."""
+    case = Case(8, 2, 63, 64, dtype, (63, 20), None)
+    q, k, v, cache_lens = make_inputs(case, torch.device("cpu"), seed=6)
+    clean = reference.decode_attention(q, k, v, cache_lens)
+    poisoned = v.clone()
+    poisoned[0, 1, 5, 7] = float("nan")  # row 0 reads slot 5
+    poisoned[1, :, 20:] = float("inf")  # row 1 reads slots 0-19
+    out = reference.decode_attention(q, k, poisoned, cache_lens)
+    assert bool(out[0, 4:, 0, 7].isnan().all()) and not bool(out[0, :4].isnan().any())
+    assert torch.equal(out[0, 4:, 0, :7], clean[0, 4:, 0, :7]) and torch.equal(out[0, :4], clean[0, :4])
+    assert torch.equal(out[1], clean[1])
+
+
 def test_strided_cache_views_are_read_in_place(device):
     """Caches viewed from a `[B, C, Hkv, D]` layout and from a larger capacity give the same result."""
     case = CASES[3]

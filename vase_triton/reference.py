@@ -165,6 +165,23 @@ def _readable_values(v: torch.Tensor, kv_lens: Optional[torch.Tensor], dtype: to
     return values.masked_fill_(past, 0) if values is not v else values.masked_fill(past, 0)
 
 
+def _attend_values(probs: torch.Tensor, v: torch.Tensor, kv_lens: Optional[torch.Tensor]) -> torch.Tensor:
+    """`probs [B, Hq, Tq, Tk] @ v [B, Hkv, Tk, D]` per KV group in `probs.dtype`, reading only
+    the slots before `kv_lens[b]`: `[B, Hq, Tq, D]`.
+
+    Unread slots have probability 0, and 0 times a finite value is 0, so the plain product
+    is exact unless an unread slot holds NaN or inf. On a CPU the product is checked (a
+    host read, free there) and redone over values zeroed past `kv_lens` only when it is not
+    finite: zeroing copies the whole cache, which there takes several times the product.
+    Elsewhere the values are always zeroed, as a check would wait for the device.
+    """
+    if kv_lens is not None and v.device.type == "cpu":
+        out = _grouped_matmul(probs, v.to(probs.dtype))
+        if bool(torch.isfinite(out).all()):
+            return out
+    return _grouped_matmul(probs, _readable_values(v, kv_lens, probs.dtype))
+
+
 def attention_probabilities(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -204,7 +221,7 @@ def prefill_attention(
     kv_heads, k_len = k.shape[1], k.shape[2]
     logits = masked_logits(q, k, scale=scale, causal=causal, kv_lens=kv_lens)
     probs = _softmax_or_zero(logits)
-    out = _grouped_matmul(probs, _readable_values(v, kv_lens, probs.dtype)).to(q.dtype)
+    out = _attend_values(probs, v, kv_lens).to(q.dtype)
     lse = torch.logsumexp(logits, dim=-1).to(torch.float32)
 
     scores = None
@@ -239,7 +256,7 @@ def decode_attention(
     batch, q_heads = q.shape[0], q.shape[1]
     kv_heads, capacity = k_cache.shape[1], k_cache.shape[2]
     probs = attention_probabilities(q, k_cache, scale=scale, causal=False, kv_lens=cache_lens)
-    out = _grouped_matmul(probs, _readable_values(v_cache, cache_lens, probs.dtype)).to(q.dtype)
+    out = _attend_values(probs, v_cache, cache_lens).to(q.dtype)
     if scores is not None:
         step = probs[:, :, 0, :].view(batch, kv_heads, q_heads // kv_heads, capacity).sum(dim=2)
         scores.add_(step.to(scores.dtype))
