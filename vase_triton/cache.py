@@ -40,6 +40,7 @@ from vase_triton.cache_tensors import CacheTensors
 from vase_triton.config import VaSEConfig
 from vase_triton.ops import append_, evict_, prefill_attention
 from vase_triton.ops.attention import candidate_attention_op, decode_attention_op, decode_workspace
+from vase_triton.ops.cache_append import append_op
 from vase_triton.policies import (
     OBSERVE_ALL_QUERIES,
     OBSERVE_LAST_QUERY,
@@ -557,7 +558,8 @@ class VaSECacheLayer:
         Returns:
             `[B, Hq, 1, D]`.
         """
-        append_(self.tensors, key, value, value_stat=self.config.value_stat)
+        # The registered ops themselves: the public wrappers re-check the layer's own buffers each step.
+        append_op(*self.tensors, key, value, self.config.value_stat)
         if self._stores_queries:
             self.query_ring.index_copy_(2, self.ring_cursor, query)
             self.query_valid.index_fill_(1, self.ring_cursor, True)
@@ -567,7 +569,7 @@ class VaSECacheLayer:
             if self.policy.resets_scores_every_step:
                 self.scores.zero_()
             scores = self.scores
-        # The registered op itself: the public wrapper's value checks would read lengths on the host.
+        # (The public decode wrapper's value checks would also read lengths on the host.)
         return decode_attention_op(
             query, self.keys, self.values, self.lengths, scale, scores, *self._workspace
         )

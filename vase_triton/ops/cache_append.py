@@ -3,7 +3,8 @@
 `append_` validates shapes, dtypes and devices (never values: the counters stay on
 device), then calls the custom op `vase_triton::append_`, which mutates the cache
 buffers in place and runs the Triton kernel or the PyTorch reference as
-`vase_triton.backend` decides.
+`vase_triton.backend` decides. `append_op` is the op itself, unchecked, for a cache
+layer's decode step (its buffers are checked when made, its inputs by `check_inputs`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from vase_triton.validation import CACHE_DTYPES, check_cache_tensors, check_rank
     "append_",
     mutates_args=("keys", "values", "magnitudes", "positions", "lengths", "next_positions"),
 )
-def _append_op(
+def append_op(
     keys: torch.Tensor,
     values: torch.Tensor,
     scores: torch.Tensor,
@@ -43,7 +44,7 @@ def _append_op(
     reference.append_(cache, new_keys, new_values, value_stat=value_stat)
 
 
-@_append_op.register_fake
+@append_op.register_fake
 def _append_fake(keys, values, scores, magnitudes, positions, lengths, next_positions, new_keys, new_values, value_stat):
     return None
 
@@ -77,4 +78,4 @@ def append_(cache: CacheTensors, new_keys: torch.Tensor, new_values: torch.Tenso
     check_same_device(("cache.keys", "new_keys", "new_values"), (cache.keys, new_keys, new_values))
     if value_stat not in VALUE_STATS:
         raise ValueError(f"value_stat: expected one of {', '.join(VALUE_STATS)}; got {value_stat!r}")
-    _append_op(*cache, new_keys, new_values, value_stat)
+    append_op(*cache, new_keys, new_values, value_stat)
