@@ -189,6 +189,11 @@ def authors_eviction_trigger(decode_step: Callable[..., torch.Tensor]) -> Callab
     return decode_step_then_trigger
 
 
+def authors_order() -> ContextManager:
+    """Every eviction writes its survivors in the authors' order (`authors_survivor_slots`)."""
+    return mock.patch.object(reference, "survivor_slots", authors_survivor_slots)
+
+
 def authors_trigger() -> ContextManager:
     """Every cache layer evicts with the authors' trigger (`authors_eviction_trigger`)."""
     return mock.patch.object(VaSECacheLayer, "decode_step", authors_eviction_trigger(VaSECacheLayer.decode_step))
@@ -226,11 +231,11 @@ ABLATIONS = [
     Ablation("value protection", "vase", "on", "off", lambda: configured(protect_values=False)),
     Ablation("value protection", "snapkv", "off", "on", lambda: configured(protect_values=True)),
     Ablation("survivor order", "vase", "temporal", "authors'",
-             lambda: mock.patch.object(reference, "survivor_slots", authors_survivor_slots)),
+             authors_order),
     Ablation("survivor order", "snapkv", "temporal", "by decreasing score (authors')",
-             lambda: mock.patch.object(reference, "survivor_slots", authors_survivor_slots)),
+             authors_order),
     Ablation("survivor order", "rkv", "temporal", "by decreasing score (authors')",
-             lambda: mock.patch.object(reference, "survivor_slots", authors_survivor_slots)),
+             authors_order),
     Ablation("importance precision", "vase", "float32", "bfloat16 (authors')", authors_bfloat16_importance,
              eval_args=("--dtype", "bfloat16")),
     Ablation("value range precision", "vase", "float32", "bfloat16 (authors')",

@@ -21,10 +21,10 @@ from benchmarks.testbed_ablations import (
     shared_projection,
 )
 from vase_triton import VaSEConfig, ops, reference
-from vase_triton.ops.candidate_pool import pooled_candidates
 from vase_triton.cache import VaSECacheLayer
 from vase_triton.cache_tensors import CacheTensors
 from vase_triton.eval.runner import EvalSettings, Run
+from vase_triton.ops.candidate_pool import pooled_candidates
 
 
 def _one_row(slots: list[int], size: int = 10) -> torch.Tensor:
