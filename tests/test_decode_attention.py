@@ -229,6 +229,27 @@ def test_reference_reads_a_nan_it_should_and_none_it_should_not(dtype):
     assert torch.equal(out[1], clean[1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reference_output_whose_sum_overflows_is_still_read(dtype):
+    """The CPU reference checks its product by the finiteness of its sum. Finite outputs near
+    the float32 limit overflow that sum; they must still come out right (through the path that
+    zeroes unread slots), not be taken for the product of a NaN or inf past `cache_lens`."""
+    case = Case(8, 2, 63, 64, dtype, (63, 20), None)
+    q, k, _, cache_lens = make_inputs(case, torch.device("cpu"), seed=8)
+    gen = torch.Generator().manual_seed(9)
+    v = (1e37 * (1 + torch.rand(case.batch, case.kv_heads, case.capacity, case.head_dim, generator=gen))).to(dtype)
+    v[1, :, 20:] = float("inf")  # row 1 reads slots 0-19
+    out = reference.decode_attention(q, k, v, cache_lens)
+    assert bool(torch.isfinite(out).all()) and out.to(torch.float32).sum().isinf()
+    group = case.q_heads // case.kv_heads
+    for row, length in enumerate(case.cache_lens):
+        keys = k[row, :, :length].double().repeat_interleave(group, dim=0)  # [Hq, L, D]
+        values = v[row, :, :length].double().repeat_interleave(group, dim=0)
+        logits = (q[row].double() @ keys.transpose(-1, -2)) / math.sqrt(case.head_dim)  # [Hq, 1, L]
+        expected = torch.softmax(logits, dim=-1) @ values  # [Hq, 1, D]
+        torch.testing.assert_close(out[row].double(), expected, rtol=2e-2 if dtype == torch.bfloat16 else 1e-5, atol=0)
+
+
 def test_strided_cache_views_are_read_in_place(device):
     """Caches viewed from a `[B, C, Hkv, D]` layout and from a larger capacity give the same result."""
     case = CASES[3]
