@@ -331,8 +331,9 @@ def append_(cache: CacheTensors, new_keys: torch.Tensor, new_values: torch.Tenso
     Sequence `b` receives the new tokens in slots `[lengths[b], lengths[b] + T_new)`, with
     their value magnitude and positions `next_positions[b] + t`; then `lengths[b]` and
     `next_positions[b]` advance by `T_new`. A sequence that would overflow the capacity is
-    left untouched. Decided on device: nothing is read back to the host. Scores are not
-    touched.
+    left untouched. Decided on device: nothing is read back to the host, except on a CPU
+    (where a host read is free), which checks that every sequence fits and then writes the
+    new tokens without reading what they replace. Scores are not touched.
 
     Args:
         cache: the layer's buffers, `N` slots; new_keys, new_values: `[B, Hkv, T_new, D]`.
@@ -345,23 +346,32 @@ def append_(cache: CacheTensors, new_keys: torch.Tensor, new_values: torch.Tenso
     lengths = cache.lengths.to(torch.long)
     fits = (lengths >= 0) & (lengths + new_len <= capacity)  # [B]
     slots = lengths.view(batch, 1) + torch.arange(new_len, device=device)  # [B, T_new]
-    slots = slots.clamp(0, capacity - 1).view(batch, 1, new_len).expand(batch, kv_heads, new_len)
-    write = fits.view(batch, 1, 1)  # [B, 1, 1]
+    # Every row writes, so that the write stays one scatter: a row that does not fit writes
+    # back what its (clamped) slots hold, unless a CPU has found that all rows fit.
+    write = None if device.type == "cpu" and bool(fits.all()) else fits.view(batch, 1, 1)  # [B, 1, 1]
+    if write is not None:
+        slots = slots.clamp(0, capacity - 1)
+    slots = slots.view(batch, 1, new_len).expand(batch, kv_heads, new_len)
 
     def put(buffer: torch.Tensor, new: torch.Tensor) -> None:
         index = slots if buffer.dim() == 3 else slots.unsqueeze(-1).expand(-1, -1, -1, head_dim)
-        old = buffer.gather(2, index)
-        mask = write if buffer.dim() == 3 else write.unsqueeze(-1)
-        buffer.scatter_(2, index, torch.where(mask, new.to(buffer.dtype), old))
+        new = new.to(buffer.dtype)
+        if write is not None:
+            new = torch.where(write if buffer.dim() == 3 else write.unsqueeze(-1), new, buffer.gather(2, index))
+        buffer.scatter_(2, index, new)
 
     new_positions = cache.next_positions.to(torch.long).view(batch, 1) + torch.arange(new_len, device=device)
     put(cache.keys, new_keys)
     put(cache.values, new_values)
     put(cache.magnitudes, value_magnitude(new_values, value_stat))
     put(cache.positions, new_positions.view(batch, 1, new_len).expand(batch, kv_heads, new_len))
-    step = torch.where(fits, new_len, 0)
-    cache.lengths.add_(step.to(cache.lengths.dtype))
-    cache.next_positions.add_(step.to(cache.next_positions.dtype))
+    if write is None:
+        cache.lengths.add_(new_len)
+        cache.next_positions.add_(new_len)
+    else:
+        step = torch.where(fits, new_len, 0)
+        cache.lengths.add_(step.to(cache.lengths.dtype))
+        cache.next_positions.add_(step.to(cache.next_positions.dtype))
 
 
 # Uniforms are clamped into [GUMBEL_UNIFORM_MIN, GUMBEL_UNIFORM_MAX] (the smallest normal
