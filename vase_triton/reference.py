@@ -173,10 +173,10 @@ def _attend_values(probs: torch.Tensor, v: torch.Tensor, kv_lens: Optional[torch
     is exact unless an unread slot holds NaN or inf. On a CPU the product is checked (a
     host read, free there) and redone over values zeroed past `kv_lens` only when it is not
     finite: zeroing copies the whole cache, which there takes several times the product.
-    The check is the sum's finiteness, which NaN and inf anywhere reach (two ops; an
-    elementwise `isfinite(...).all()` took 7x as long a decode step); a sum that overflows
-    only takes the zeroing path. Elsewhere the values are always zeroed, as a check would
-    wait for the device.
+    The check is the sum's finiteness, which NaN and inf anywhere reach: two ops, 5 µs at a
+    small decode step's shape, where `isfinite(...).all()` takes 37. A sum that overflows
+    only sends the product down the zeroing path. Elsewhere the values are always zeroed, as
+    a check would wait for the device.
     """
     if kv_lens is not None and v.device.type == "cpu":
         out = _grouped_matmul(probs, v.to(probs.dtype))
