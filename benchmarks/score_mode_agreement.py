@@ -18,14 +18,18 @@ measures, at every eviction of every layer and KV head:
   distributions over the candidates `vase` samples from (pooled attention, after sinks
   and value-protected tokens), i.e. the distance between the first draws of the two.
 
-    python benchmarks/score_mode_agreement.py [--model testbed|tiny|PATH] [--tokens 1200] [--budget 128 256]
+    python benchmarks/score_mode_agreement.py [--model testbed|tiny|PATH] [--tokens 1200] [--budget 128 256] [--turn T]
 
 The model runs once with full attention (greedy), its post-RoPE queries, keys and values
 are captured, and two cache layers (one per mode) replay them token by token, kept in the
 same state (both evict what `emitted` chooses) so that every eviction compares the modes
-on identical caches. `testbed` is the trained testbed model on held-out problems (its
-whole trace), `tiny` the built-in random model; a local checkpoint directory (a
-transformers causal LM) works too.
+on identical caches. With `--turn T` (fewer than `window` tokens), the `T` tokens that
+would fill the cache arrive at once instead, as a new chat turn does, and the evictions
+compared are those turns' compressions: the case where `emitted` observes the turn's own
+`T` queries only and `recompute` the whole window, decode queries before the turn
+included. `testbed` is the trained testbed model on held-out problems (its whole trace),
+`tiny` the built-in random model; a local checkpoint directory (a transformers causal LM)
+works too.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vase_triton.cache import VaSECacheLayer  # noqa: E402
+from vase_triton.cache_tensors import CacheTensors  # noqa: E402
 from vase_triton.commands.common import non_negative_int, positive_int  # noqa: E402
 from vase_triton.config import VaSEConfig  # noqa: E402
 
@@ -67,10 +72,9 @@ def capture_attention_inputs(model, input_ids: torch.Tensor) -> list[tuple[torch
     return [captured[index] for index in sorted(captured)]
 
 
-def evicted_candidates(layer: VaSECacheLayer, importance: torch.Tensor) -> list[set[int]]:
-    """Per (row, KV head), the candidate slots a deterministic top-k eviction would drop."""
-    config = layer.config
-    n_cand = int(layer.lengths[0]) - config.window
+def evicted_candidates(config: VaSEConfig, tensors: CacheTensors, importance: torch.Tensor) -> list[set[int]]:
+    """Per (row, KV head), the candidate slots of `tensors` a deterministic top-k eviction would drop."""
+    n_cand = int(tensors.lengths[0]) - config.window
     keep = config.budget - config.window - config.n_sink
     dropped = []
     for row in importance[0, :, :n_cand]:
@@ -79,14 +83,15 @@ def evicted_candidates(layer: VaSECacheLayer, importance: torch.Tensor) -> list[
     return dropped
 
 
-def sampling_distance(layer: VaSECacheLayer, importance_a: torch.Tensor, importance_b: torch.Tensor) -> list[float]:
+def sampling_distance(
+    config: VaSEConfig, tensors: CacheTensors, importance_a: torch.Tensor, importance_b: torch.Tensor
+) -> list[float]:
     """Per KV head, total variation between the normalised weights of the candidates `vase` samples from."""
-    config = layer.config
-    n_cand = int(layer.lengths[0]) - config.window
+    n_cand = int(tensors.lengths[0]) - config.window
     n_large = max(0, config.budget // 4 - config.n_sink)
     distances = []
     for h in range(importance_a.shape[1]):
-        magnitude = layer.magnitudes[0, h, config.n_sink : n_cand]
+        magnitude = tensors.magnitudes[0, h, config.n_sink : n_cand]
         protected = set((torch.sort(magnitude, descending=True, stable=True).indices[:n_large] + config.n_sink).tolist())
         eligible = torch.tensor([s for s in range(config.n_sink, n_cand) if s not in protected])
         p = importance_a[0, h, eligible].double()
@@ -95,8 +100,37 @@ def sampling_distance(layer: VaSECacheLayer, importance_a: torch.Tensor, importa
     return distances
 
 
-def replay(captured, prompt_len: int, budget: int, window: int) -> tuple[list[float], list[float]]:
-    """Top-k agreements and sampling distances over every eviction of every layer and head."""
+class _TurnCompression:
+    """Captures the importance a layer's `extend` computes to compress a turn, and makes the
+    layer evict by `substitute` instead when one is given (so that both modes stay in one state)."""
+
+    def __init__(self, layer: VaSECacheLayer, substitute: "_TurnCompression | None" = None):
+        self.layer, self.substitute = layer, substitute
+        self.tensors: CacheTensors | None = None
+        self.importance: torch.Tensor | None = None
+        layer.importance = self  # `_evict_on_device` asks the instance for it
+
+    def __call__(self, tensors: CacheTensors, *, window_queries=None) -> torch.Tensor:
+        self.tensors = CacheTensors(*(buffer.clone() for buffer in tensors))  # the eviction compacts them
+        self.importance = VaSECacheLayer.importance(self.layer, tensors, window_queries=window_queries)
+        return self.importance if self.substitute is None else self.substitute.importance
+
+
+def compare(config: VaSEConfig, tensors: CacheTensors, emitted: torch.Tensor, recomputed: torch.Tensor,
+            agreements: list[float], distances: list[float]) -> None:
+    """Append one eviction's per-head top-k agreement and sampling distance."""
+    for a, b in zip(evicted_candidates(config, tensors, emitted), evicted_candidates(config, tensors, recomputed)):
+        agreements.append(len(a & b) / len(a))
+    distances.extend(sampling_distance(config, tensors, emitted, recomputed))
+
+
+def replay(captured, prompt_len: int, budget: int, window: int, turn: int = 0) -> tuple[list[float], list[float]]:
+    """Top-k agreements and sampling distances over every eviction of every layer and head.
+
+    turn: 0 decodes every token; else the `turn` tokens that would overflow the cache come
+    as one `extend` call, and only these calls' compressions are compared (a trace that ends
+    with fewer tokens than a turn decodes them, and an eviction they trigger is not compared).
+    """
     agreements, distances = [], []
     for layer_idx, (query, key, value) in enumerate(captured):
         kv_heads, head_dim = key.shape[1], key.shape[-1]
@@ -111,16 +145,26 @@ def replay(captured, prompt_len: int, budget: int, window: int) -> tuple[list[fl
         q, k, v = (t.float() for t in (query, key, value))
         for layer in layers:
             layer.prefill(q[:, :, :prompt_len], k[:, :, :prompt_len], v[:, :, :prompt_len], scale=scale)
-        for t in range(prompt_len, q.shape[2]):
+        config, t = layers[0].config, prompt_len
+        while t < q.shape[2]:
+            if turn and layers[0].length_bound + turn > layers[0].capacity and t + turn <= q.shape[2]:
+                emitted = _TurnCompression(layers[0])
+                recomputed = _TurnCompression(layers[1], substitute=emitted)
+                for layer in layers:
+                    layer.extend(q[:, :, t : t + turn], k[:, :, t : t + turn], v[:, :, t : t + turn], scale=scale)
+                    del layer.importance
+                compare(config, emitted.tensors, emitted.importance, recomputed.importance, agreements, distances)
+                t += turn
+                continue
             if layers[0].length_bound == layers[0].capacity:
                 emitted, recomputed = (layer.importance() for layer in layers)
-                for a, b in zip(evicted_candidates(layers[0], emitted), evicted_candidates(layers[1], recomputed)):
-                    agreements.append(len(a & b) / window)
-                distances.extend(sampling_distance(layers[0], emitted, recomputed))
+                if not turn:
+                    compare(config, layers[0].tensors, emitted, recomputed, agreements, distances)
                 for layer in layers:
                     layer.evict(importance=emitted)
             for layer in layers:
                 layer.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], scale=scale)
+            t += 1
     return agreements, distances
 
 
@@ -170,7 +214,11 @@ def main() -> None:
     parser.add_argument("--seed", type=non_negative_int, default=0,
                         help="random model seed, or the first held-out testbed problem")  # fmt: skip
     parser.add_argument("--sequences", type=positive_int, default=1, help="sequences (seeds seed, seed + 1, ...) pooled")
+    parser.add_argument("--turn", type=non_negative_int, default=0,
+                        help="tokens of a chat turn that overflows the cache (fewer than --window; 0: decode only)")  # fmt: skip
     args = parser.parse_args()
+    if args.turn >= args.window:
+        parser.error(f"--turn: expected fewer tokens than --window ({args.window}); got {args.turn}")
     if args.model not in ("testbed", "tiny") and not Path(args.model).is_dir():
         parser.error(f"--model: expected 'testbed', 'tiny' or a local checkpoint directory; got {args.model!r}")
     for budget in args.budget:
@@ -188,14 +236,15 @@ def main() -> None:
             )
         runs.append((capture_attention_inputs(model, sequence), input_ids.shape[1], sequence.shape[1]))
     lengths = sorted({length for _, _, length in runs})
+    turns = f", evictions compared: the compressions of {args.turn}-token turns" if args.turn else ""
     print(f"model {args.model}: {len(runs[0][0])} layers, {len(runs)} sequence(s) of {lengths[0]}-{lengths[-1]} "
-          f"tokens, window {args.window}\n")
+          f"tokens, window {args.window}{turns}\n")
     print("| budget | evictions x heads | top-k agreement: mean / p10 / min | TV distance: mean / p90 / max |")
     print("|---:|---:|---|---|")
     for budget in args.budget:
         agreements, distances = [], []
         for captured, prompt_len, _ in runs:
-            run_agreements, run_distances = replay(captured, prompt_len, budget, args.window)
+            run_agreements, run_distances = replay(captured, prompt_len, budget, args.window, args.turn)
             agreements += run_agreements
             distances += run_distances
         print(f"| {budget} | {len(agreements)} | {summarise(agreements, 0.1)} | {summarise(distances, 0.9)} |")
