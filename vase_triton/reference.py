@@ -346,12 +346,10 @@ def append_(cache: CacheTensors, new_keys: torch.Tensor, new_values: torch.Tenso
     lengths = cache.lengths.to(torch.long)
     fits = (lengths >= 0) & (lengths + new_len <= capacity)  # [B]
     slots = lengths.view(batch, 1) + torch.arange(new_len, device=device)  # [B, T_new]
+    slots = slots.clamp(0, capacity - 1).view(batch, 1, new_len).expand(batch, kv_heads, new_len)
     # Every row writes, so that the write stays one scatter: a row that does not fit writes
     # back what its (clamped) slots hold, unless a CPU has found that all rows fit.
     write = None if device.type == "cpu" and bool(fits.all()) else fits.view(batch, 1, 1)  # [B, 1, 1]
-    if write is not None:
-        slots = slots.clamp(0, capacity - 1)
-    slots = slots.view(batch, 1, new_len).expand(batch, kv_heads, new_len)
 
     def put(buffer: torch.Tensor, new: torch.Tensor) -> None:
         index = slots if buffer.dim() == 3 else slots.unsqueeze(-1).expand(-1, -1, -1, head_dim)
@@ -365,13 +363,9 @@ def append_(cache: CacheTensors, new_keys: torch.Tensor, new_values: torch.Tenso
     put(cache.values, new_values)
     put(cache.magnitudes, value_magnitude(new_values, value_stat))
     put(cache.positions, new_positions.view(batch, 1, new_len).expand(batch, kv_heads, new_len))
-    if write is None:
-        cache.lengths.add_(new_len)
-        cache.next_positions.add_(new_len)
-    else:
-        step = torch.where(fits, new_len, 0)
-        cache.lengths.add_(step.to(cache.lengths.dtype))
-        cache.next_positions.add_(step.to(cache.next_positions.dtype))
+    step = new_len if write is None else torch.where(fits, new_len, 0)
+    cache.lengths.add_(step)
+    cache.next_positions.add_(step)
 
 
 # Uniforms are clamped into [GUMBEL_UNIFORM_MIN, GUMBEL_UNIFORM_MAX] (the smallest normal
