@@ -39,7 +39,10 @@ answers right and the whole traces exact over the seeds:
   evicts at the first decode step with the prompt's last queries, theirs 14 steps later;
 - sinks in the baselines `snapkv` and `rkv`, a deviation: ours keeps the first `n_sink`
   tokens under every evicting policy, the authors' SnapKV and R-KV modes keep none;
-- R-KV's `λ` (`rkv`): ours defaults to 0.1, R-KV's value; the authors' scripts pass 0.5.
+- R-KV's `λ` (`rkv`): ours defaults to 0.1, R-KV's value; the authors' scripts pass 0.5;
+- the authors' baselines whole ("authors' baselines"): `snapkv` without sinks and with
+  survivors by decreasing score, `rkv` the same and at `λ = 0.5`, the baselines the paper
+  compares `vase` against.
 
 Runs on the CPU with the PyTorch reference, which the switches patch: about 10 s a run.
 `--only NAME` runs the ablations of that name alone (repeatable).
@@ -217,6 +220,15 @@ def configured(**changes) -> ContextManager:
     return mock.patch.object(Run, "config", config)
 
 
+@contextlib.contextmanager
+def together(*switches: Callable[[], ContextManager]) -> Iterator[None]:
+    """Every switch of `switches` turned at once."""
+    with contextlib.ExitStack() as stack:
+        for switch in switches:
+            stack.enter_context(switch())
+        yield
+
+
 class Ablation(NamedTuple):
     name: str
     policy: str
@@ -255,6 +267,10 @@ ABLATIONS = [
     Ablation("sinks", "snapkv", "4 kept", "none (authors')", lambda: configured(n_sink=0)),
     Ablation("sinks", "rkv", "4 kept", "none (authors')", lambda: configured(n_sink=0)),
     Ablation("R-KV λ", "rkv", "0.1", "0.5 (authors' scripts)", lambda: configured(rkv_lambda=0.5)),
+    Ablation("authors' baselines", "snapkv", "ours", "no sinks, by decreasing score (authors')",
+             lambda: together(authors_order, lambda: configured(n_sink=0))),
+    Ablation("authors' baselines", "rkv", "ours", "no sinks, by decreasing score, λ 0.5 (authors')",
+             lambda: together(authors_order, lambda: configured(n_sink=0, rkv_lambda=0.5))),
 ]  # fmt: skip
 
 

@@ -13,12 +13,14 @@ from benchmarks.testbed_ablations import (
     authors_bfloat16_importance,
     authors_bfloat16_window_attention,
     authors_eviction_trigger,
+    authors_order,
     authors_survivor_slots,
     authors_trigger,
     configured,
     range_in_cache_dtype,
     room_for_the_prompt,
     shared_projection,
+    together,
 )
 from vase_triton import VaSEConfig, ops, reference
 from vase_triton.cache import VaSECacheLayer
@@ -150,6 +152,17 @@ def test_configuration_and_shared_projection_switches():
     drawn = torch.randn(2, 3, 8, 4)
     shared = shared_projection(lambda: drawn)()
     assert torch.equal(shared, drawn[:, :1].expand(2, 3, 8, 4))
+
+
+def test_together_turns_every_switch_and_undoes_them_all():
+    settings = EvalSettings(model="testbed", max_new_tokens=8, batch_size=1, window=4, seed=0, sampling={})
+    shipped = Run("rkv", 16).config(settings, 0)
+    with together(authors_order, lambda: configured(n_sink=0, rkv_lambda=0.5)):
+        switched = Run("rkv", 16).config(settings, 0)
+        assert reference.survivor_slots is authors_survivor_slots
+    assert (switched.n_sink, switched.rkv_lambda) == (0, 0.5)
+    assert reference.survivor_slots is not authors_survivor_slots
+    assert Run("rkv", 16).config(settings, 0) == shipped
 
 
 def test_authors_bfloat16_energy_is_their_expression_rounded_to_bfloat16():
