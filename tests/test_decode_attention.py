@@ -250,6 +250,30 @@ def test_reference_output_whose_sum_overflows_is_still_read(dtype):
         torch.testing.assert_close(out[row].double(), expected, rtol=2e-2 if dtype == torch.bfloat16 else 1e-5, atol=0)
 
 
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_reference_fused_output_matches_the_explicit_path(case: Case):
+    """On a CPU a step that keeps no scores takes PyTorch's fused attention (rows of at least
+    one slot); a step that keeps them takes the explicit softmax. Both against float64, with
+    NaN keys and inf values past every row's length, which neither may read."""
+    q, k, v, cache_lens = make_inputs(case, torch.device("cpu"), seed=10)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    past = torch.arange(case.capacity).view(1, 1, -1, 1) >= cache_lens.view(-1, 1, 1, 1)
+    k, v = k.masked_fill(past, float("nan")), v.masked_fill(past, float("inf"))
+    scores = torch.zeros(case.batch, case.kv_heads, case.capacity)
+    explicit = reference.decode_attention(q, k, v, cache_lens, scale=scale, scores=scores)
+    fused = reference.decode_attention(q, k, v, cache_lens, scale=scale)
+    clean_k, clean_v = k.masked_fill(past, 0), v.masked_fill(past, 0)
+    expected = reference.decode_attention(
+        q.double(), clean_k.double(), clean_v.double(), cache_lens, scale=scale, scores=scores.double()
+    )
+    baseline = torch_same_dtype(q, clean_k, clean_v, cache_lens, scale)
+    assert_close_to_reference(fused, baseline, expected)
+    assert_close_to_reference(explicit, baseline, expected)
+    # float64 through both paths: the same numbers to rounding.
+    fused64 = reference.decode_attention(q.double(), k.double(), v.double(), cache_lens, scale=scale)
+    torch.testing.assert_close(fused64, expected, rtol=1e-12, atol=1e-12)
+
+
 def test_strided_cache_views_are_read_in_place(device):
     """Caches viewed from a `[B, C, Hkv, D]` layout and from a larger capacity give the same result."""
     case = CASES[3]

@@ -1,8 +1,10 @@
 """Pure-PyTorch twin of every op: the specification, the CPU path and the test oracle.
 
 Everything here favours clarity over speed: attention materialises the full
-score matrix, eviction uses `topk` / `sort` / `gather`. Optimised code never
-imports this module; tests compare the Triton kernels against it in float64.
+score matrix, eviction uses `topk` / `sort` / `gather`. The one exception is a
+CPU decode step that keeps no scores, whose output PyTorch's fused attention
+computes (tested against the explicit path). Optimised code never imports this
+module; tests compare the Triton kernels against it in float64.
 
 Shapes use `B` batch, `Hq` query heads, `Hkv` key/value heads (`Hq % Hkv == 0`,
 `group = Hq // Hkv`), `Tq` queries, `Tk` keys, `C` cache capacity, `D` head dim.
@@ -258,12 +260,47 @@ def decode_attention(
     """
     batch, q_heads = q.shape[0], q.shape[1]
     kv_heads, capacity = k_cache.shape[1], k_cache.shape[2]
+    if scores is None and q.device.type == "cpu" and capacity > 0 and bool((cache_lens > 0).all()):
+        return _fused_decode_output(q, k_cache, v_cache, cache_lens, scale)
     probs = attention_probabilities(q, k_cache, scale=scale, causal=False, kv_lens=cache_lens)
     out = _attend_values(probs, v_cache, cache_lens).to(q.dtype)
     if scores is not None:
         step = probs[:, :, 0, :].view(batch, kv_heads, q_heads // kv_heads, capacity).sum(dim=2)
         scores.add_(step.to(scores.dtype))
     return out
+
+
+def _fused_decode_output(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor, scale: Optional[float]
+) -> torch.Tensor:
+    """`decode_attention`'s output by PyTorch's fused attention, on a CPU, for rows of at least one slot.
+
+    The query heads of a group are the rows of one attention over their KV head's slots,
+    the slots at or past `cache_lens[b]` masked, computed in `decode_attention`'s precision
+    (float32, float64 for float64). A masked slot still multiplies its zero probability by
+    its key and value, so NaN or inf garbage there would reach the output: when the output
+    is not finite (its sum's check, as `_attend_values`'s), the attention is redone over keys
+    and values zeroed past `cache_lens`, which gives rows without garbage bit for bit the
+    same output. At a small model's decode step this takes a third of the explicit path's time.
+
+    Args:
+        q: `[B, Hq, 1, D]`; k_cache, v_cache: `[B, Hkv, C, D]`, C > 0; cache_lens: `[B]`, every entry > 0.
+
+    Returns:
+        `[B, Hq, 1, D]` in `q.dtype`.
+    """
+    batch, q_heads, _, head_dim = q.shape
+    kv_heads, capacity = k_cache.shape[1], k_cache.shape[2]
+    acc = _accumulation_dtype(q.dtype)
+    grouped = q.to(acc).reshape(batch, kv_heads, q_heads // kv_heads, head_dim)  # [B, Hkv, group, D]
+    visible = torch.arange(capacity).view(1, 1, 1, capacity) < cache_lens.view(batch, 1, 1, 1)  # [B, 1, 1, C]
+    keys, values = k_cache.to(acc), v_cache.to(acc)
+    attend = torch.nn.functional.scaled_dot_product_attention
+    out = attend(grouped, keys, values, attn_mask=visible, scale=scale)  # [B, Hkv, group, D]
+    if not math.isfinite(out.sum().item()):
+        past = ~visible.view(batch, 1, capacity, 1)
+        out = attend(grouped, keys.masked_fill(past, 0), values.masked_fill(past, 0), attn_mask=visible, scale=scale)
+    return out.view(batch, q_heads, 1, head_dim).to(q.dtype)
 
 
 def candidate_attention(
