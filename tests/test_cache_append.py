@@ -11,7 +11,8 @@ from vase_triton.kernels import cache_append as append_kernels
 from vase_triton.ops import append_
 
 # (B, Hkv, C, D, T_new, lengths, dtype, value_stat): every dtype, every statistic, D 64/128,
-# Hkv 1/2/4/8, hostile lengths (1, 63, 111, 257), rows that exactly fill and rows that overflow.
+# Hkv 1/2/4/8, hostile lengths (1, 63, 111, 257), rows that exactly fill and rows that overflow,
+# rows of one length.
 CASES = [
     (4, 2, 260, 64, 3, [1, 63, 111, 257], torch.float64, "range"),
     (3, 1, 9, 128, 1, [0, 8, 9], torch.float64, "absmax"),
@@ -26,6 +27,10 @@ CASES = [
     (1, 1, 1, 64, 1, [0], torch.bfloat16, "l2"),
     (4, 8, 20, 64, 1, [0, 5, 19, 20], torch.bfloat16, "var"),
     (2, 2, 40, 64, 3, [3, 38], torch.float32, "range"),
+    # Rows of one length (a CPU writes them as one slice): fitting, filling exactly, overflowing.
+    (3, 2, 40, 64, 2, [17, 17, 17], torch.float32, "range"),
+    (2, 4, 10, 128, 3, [7, 7], torch.bfloat16, "var"),
+    (2, 2, 10, 64, 3, [8, 8], torch.float16, "absmax"),
 ]
 
 
