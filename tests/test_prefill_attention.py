@@ -172,6 +172,35 @@ def test_prefill_matches_float64_reference(case: Case, device):
             torch.testing.assert_close(sums, expected, rtol=1e-4, atol=0.0)
 
 
+@pytest.mark.parametrize("rows", [None, 1, 5])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_reference_matches_pytorch_attention_in_float64(case: Case, rows: Optional[int], monkeypatch):
+    """The reference against PyTorch's softmax and log-sum-exp over the whole `[Tq, Tk]`
+    matrix, in float64: in one block of queries, one query per block, and blocks of 5 that
+    split the score window and end on a partial block."""
+    if rows is not None:
+        monkeypatch.setattr(reference, "PREFILL_BLOCK_LOGITS", rows * case.batch * case.q_heads * case.k_len)
+    q, k, v, kv_lens = (t if t is None else t.double() if t.is_floating_point() else t
+                        for t in make_inputs(case, torch.device("cpu"), seed=3))  # fmt: skip
+    scale = 1.0 / math.sqrt(case.head_dim)
+    out, lse, scores = reference.prefill_attention(
+        q, k, v, scale=scale, causal=case.causal, kv_lens=kv_lens, score_window=case.window
+    )
+    group = case.q_heads // case.kv_heads
+    visible = visibility(case.batch, case.q_len, case.k_len, case.causal, kv_lens, q.device)
+    keys, values = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    logits = (q @ keys.transpose(-1, -2) * scale).masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # a query that sees no key: all zero
+    torch.testing.assert_close(out, probs @ values, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(logits, dim=-1), rtol=1e-6, atol=0.0)
+    if case.window == 0:
+        assert scores is None
+        return
+    window = probs[:, :, case.q_len - case.window :].sum(dim=2)  # [B, Hq, Tk]
+    expected = window.view(case.batch, case.kv_heads, group, case.k_len).sum(dim=2)
+    torch.testing.assert_close(scores.double(), expected, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("case", CASES[1:4], ids=[c.id for c in CASES[1:4]])
 def test_public_op_runs_the_kernel(case: Case, device):
     q, k, v, kv_lens = make_inputs(case, device, seed=1)

@@ -1,10 +1,11 @@
 """Pure-PyTorch twin of every op: the specification, the CPU path and the test oracle.
 
-Everything here favours clarity over speed: attention materialises the full
-score matrix, eviction uses `topk` / `sort` / `gather`. The one exception is a
-CPU decode step that keeps no scores, whose output PyTorch's fused attention
-computes (tested against the explicit path). Optimised code never imports this
-module; tests compare the Triton kernels against it in float64.
+Everything here favours clarity over speed: attention materialises its score
+matrix (prefill one block of queries at a time, so that memory stays bounded),
+eviction uses `topk` / `sort` / `gather`. The one exception is a CPU decode step
+that keeps no scores, whose output PyTorch's fused attention computes (tested
+against the explicit path). Optimised code never imports this module; tests
+compare the Triton kernels against it in float64.
 
 Shapes use `B` batch, `Hq` query heads, `Hkv` key/value heads (`Hq % Hkv == 0`,
 `group = Hq // Hkv`), `Tq` queries, `Tk` keys, `C` cache capacity, `D` head dim.
@@ -130,7 +131,7 @@ def masked_logits(
     k_len = k.shape[2]
     acc = _accumulation_dtype(q.dtype)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    logits = _grouped_matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * scale  # [B, Hq, Tq, Tk]
+    logits = _grouped_matmul(q.to(acc), k.to(acc).transpose(-1, -2)).mul_(scale)  # [B, Hq, Tq, Tk]
 
     if kv_lens is None:
         lens = torch.full((batch,), k_len, dtype=torch.long, device=q.device)
@@ -143,17 +144,27 @@ def masked_logits(
         visible = visible & (key_idx.view(1, 1, k_len) <= q_pos.view(batch, q_len, 1))  # [B, Tq, Tk]
     else:
         visible = visible.expand(batch, q_len, k_len)
-    return logits.masked_fill(~visible.unsqueeze(1), float("-inf"))
+    return logits.masked_fill_(~visible.unsqueeze(1), float("-inf"))
 
 
-def _softmax_or_zero(logits: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim; a row of only `-inf` (or of no key) gives all-zero probabilities."""
+def _softmax_and_lse(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over the last dim, computed in place of `logits`, and each row's log-sum-exp.
+
+    A row of only `-inf` (or of no key) gives all-zero probabilities and a log-sum-exp of
+    `-inf`. The log-sum-exp is the softmax's own max and sum, `max + log(sum(exp(x - max)))`:
+    no second pass over the logits.
+
+    Returns:
+        probs: `logits.shape`, in `logits`' storage; lse: `logits.shape[:-1]`.
+    """
     if logits.shape[-1] == 0:
-        return torch.zeros_like(logits)
+        return torch.zeros_like(logits), logits.new_full(logits.shape[:-1], float("-inf"))
     row_max = logits.amax(dim=-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    weights = torch.exp(logits - row_max)
-    return weights / weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(logits.dtype).tiny)
+    weights = logits.sub_(row_max).exp_()
+    total = weights.sum(dim=-1, keepdim=True)
+    lse = (row_max + total.log()).squeeze(-1)
+    return weights.div_(total.clamp_min(torch.finfo(logits.dtype).tiny)), lse
 
 
 def _readable_values(v: torch.Tensor, kv_lens: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
@@ -196,7 +207,11 @@ def attention_probabilities(
     kv_lens: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Softmax of `masked_logits`: `[B, Hq, Tq, Tk]`, all-zero for a query that sees no key."""
-    return _softmax_or_zero(masked_logits(q, k, scale=scale, causal=causal, kv_lens=kv_lens))
+    return _softmax_and_lse(masked_logits(q, k, scale=scale, causal=causal, kv_lens=kv_lens))[0]
+
+
+# Logits one block of prefill queries may hold (`[B, Hq, rows, Tk]` elements): 64 MiB in float32.
+PREFILL_BLOCK_LOGITS = 1 << 24
 
 
 def prefill_attention(
@@ -211,6 +226,11 @@ def prefill_attention(
 ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Attention of `Tq` end-aligned queries over `Tk` keys, plus window importance scores.
 
+    Queries are taken in blocks of rows whose logits fit in `PREFILL_BLOCK_LOGITS`
+    elements, each block over the keys any of its queries can see (with `causal`, those
+    before the last query's position in the longest row; reading `kv_lens` on the host):
+    the same result in bounded memory and, causal, about half the work of one block.
+
     Args:
         q: `[B, Hq, Tq, D]`; k, v: `[B, Hkv, Tk, D]`; kv_lens: `[B]` int or None.
         score_window: number of last queries whose probabilities are summed into `scores`.
@@ -224,16 +244,28 @@ def prefill_attention(
     """
     batch, q_heads, q_len, _ = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
-    logits = masked_logits(q, k, scale=scale, causal=causal, kv_lens=kv_lens)
-    probs = _softmax_or_zero(logits)
-    out = _attend_values(probs, v, kv_lens).to(q.dtype)
-    lse = torch.logsumexp(logits, dim=-1).to(torch.float32)
-
-    scores = None
-    if score_window > 0:
-        window = probs[:, :, q_len - score_window :, :].sum(dim=2)  # [B, Hq, Tk]
-        scores = window.view(batch, kv_heads, q_heads // kv_heads, k_len).sum(dim=2).to(torch.float32)
-    return out, lse, scores
+    group = q_heads // kv_heads
+    lens = torch.full((batch,), k_len, device=q.device) if kv_lens is None else kv_lens.to(q.device, torch.long)
+    longest = min(k_len, int(lens.max())) if batch > 0 else 0
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, q_heads, q_len), dtype=torch.float32, device=q.device)
+    window_sums = torch.zeros((batch, kv_heads, k_len), dtype=_accumulation_dtype(q.dtype), device=q.device)
+    rows = max(1, PREFILL_BLOCK_LOGITS // max(1, batch * q_heads * k_len))
+    for start in range(0, q_len, rows):
+        stop = min(q_len, start + rows)
+        # Queries [start, stop) are the last of keys `lens - (Tq - stop)` (end-aligned), whose
+        # causal masks leave them the same keys; without `causal` they see every valid key.
+        block_lens = (lens - (q_len - stop)).clamp_min(0) if causal else lens
+        seen = max(0, longest - (q_len - stop)) if causal else longest
+        logits = masked_logits(q[:, :, start:stop], k[:, :, :seen], scale=scale, causal=causal, kv_lens=block_lens)
+        probs, block_lse = _softmax_and_lse(logits)  # [B, Hq, stop - start, seen]
+        out[:, :, start:stop] = _attend_values(probs, v[:, :, :seen], block_lens)
+        lse[:, :, start:stop] = block_lse
+        first = max(start, q_len - score_window)  # the block's first query in the score window
+        if score_window > 0 and first < stop:
+            window = probs[:, :, first - start :].sum(dim=2)  # [B, Hq, seen]
+            window_sums[:, :, :seen] += window.view(batch, kv_heads, group, seen).sum(dim=2)
+    return out, lse, window_sums.to(torch.float32) if score_window > 0 else None
 
 
 def decode_attention(
