@@ -368,7 +368,7 @@ def candidate_attention(
         return torch.zeros((batch, kv_heads, num_slots), dtype=torch.float32, device=q.device)
     probs = attention_probabilities(q, k, scale=scale, causal=False, kv_lens=candidate_lens)  # [B, Hq, W, N]
     if q_valid is not None:
-        probs = torch.where(q_valid.view(batch, 1, window, 1), probs, 0.0)  # not a product: 0 * NaN is NaN
+        probs.masked_fill_(~q_valid.view(batch, 1, window, 1), 0.0)  # not a product: 0 * NaN is NaN
     group = q_heads // kv_heads
     total = probs.sum(dim=2).view(batch, kv_heads, group, num_slots).sum(dim=2)
     return (total / (window * group)).to(torch.float32)
