@@ -176,6 +176,15 @@ def test_a_cache_without_slots_is_left_untouched(backend, device, monkeypatch):
     assert cache.lengths.tolist() == [0, 0] and cache.next_positions.tolist() == [0, 100]
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_an_empty_batch_is_a_no_op(backend, device, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", backend)
+    cache = _poisoned_cache(0, 2, 8, 64, [], torch.float32, device)
+    new = torch.randn(0, 2, 1, 64, device=device)
+    append_(cache, new, new, value_stat="range")
+    assert cache.lengths.shape == (0,) and cache.keys.shape == (0, 2, 8, 64)
+
+
 def test_append_rejects_bad_arguments(device):
     cache = _poisoned_cache(2, 2, 8, 64, [0, 0], torch.float16, device)
     new = torch.zeros(2, 2, 1, 64, dtype=torch.float16, device=device)

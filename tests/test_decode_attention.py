@@ -274,6 +274,15 @@ def test_reference_fused_output_matches_the_explicit_path(case: Case):
     torch.testing.assert_close(fused64, expected, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_an_empty_batch_gives_an_empty_output(backend, device, monkeypatch):
+    monkeypatch.setenv("VASE_BACKEND", backend)
+    q = torch.randn(0, 8, 1, 64, device=device)
+    k = torch.randn(0, 2, 63, 64, device=device)
+    out = vase_triton.ops.decode_attention(q, k, k, torch.zeros(0, dtype=torch.int32, device=device))
+    assert out.shape == (0, 8, 1, 64)
+
+
 def test_strided_cache_views_are_read_in_place(device):
     """Caches viewed from a `[B, C, Hkv, D]` layout and from a larger capacity give the same result."""
     case = CASES[3]

@@ -294,7 +294,7 @@ def decode_attention(
     kv_heads, capacity = k_cache.shape[1], k_cache.shape[2]
     if scores is None and q.device.type == "cpu" and capacity > 0:
         lengths = cache_lens.tolist()  # a host read, free on a CPU
-        if min(lengths) > 0:  # the slots past the longest row are never read
+        if lengths and min(lengths) > 0:  # the slots past the longest row are never read
             longest = max(lengths)
             return _fused_decode_output(q, k_cache[:, :, :longest], v_cache[:, :, :longest], cache_lens, scale)
     probs = attention_probabilities(q, k_cache, scale=scale, causal=False, kv_lens=cache_lens)
@@ -316,7 +316,8 @@ def _fused_decode_output(
     its key and value, so NaN or inf garbage there would reach the output: when the output
     is not finite (its sum's check, as `_attend_values`'s), the attention is redone over keys
     and values zeroed past `cache_lens`, which gives rows without garbage bit for bit the
-    same output. At a small model's decode step this takes a third of the explicit path's time.
+    same output. At the CPU benchmark's decode step (one thread) it takes 144–162 µs a layer
+    where the explicit path takes 220–230.
 
     Args:
         q: `[B, Hq, 1, D]`; k_cache, v_cache: `[B, Hkv, C, D]`, C > 0; cache_lens: `[B]`, every entry
@@ -422,9 +423,8 @@ def append_(cache: CacheTensors, new_keys: torch.Tensor, new_values: torch.Tenso
     magnitudes = value_magnitude(new_values, value_stat)  # [B, Hkv, T_new]
     if device.type == "cpu":
         starts = cache.lengths.tolist()
-        start = starts[0]
-        if min(starts) == max(starts) and 0 <= start and start + new_len <= capacity:
-            stop = start + new_len
+        if starts and min(starts) == max(starts) and 0 <= starts[0] <= capacity - new_len:
+            start, stop = starts[0], starts[0] + new_len
             cache.keys[:, :, start:stop] = new_keys
             cache.values[:, :, start:stop] = new_values
             cache.magnitudes[:, :, start:stop] = magnitudes
