@@ -168,7 +168,7 @@ def _softmax_and_lse(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _readable_values(v: torch.Tensor, kv_lens: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    """`v` `[B, Hkv, Tk, D]` as `dtype`, the slots at or past `kv_lens[b]` zeroed: they are never
+    """`v` `[B, Hkv, Tk, D]` (values, or keys) as `dtype`, the slots at or past `kv_lens[b]` zeroed: they are never
     read, and a zero probability times NaN or inf garbage there would still be NaN. One copy:
     the conversion's, when it makes one."""
     values = v.to(dtype)
@@ -331,12 +331,11 @@ def _fused_decode_output(
     acc = _accumulation_dtype(q.dtype)
     grouped = q.to(acc).reshape(batch, kv_heads, q_heads // kv_heads, head_dim)  # [B, Hkv, group, D]
     visible = torch.arange(capacity).view(1, 1, 1, capacity) < cache_lens.view(batch, 1, 1, 1)  # [B, 1, 1, C]
-    keys, values = k_cache.to(acc), v_cache.to(acc)
     attend = torch.nn.functional.scaled_dot_product_attention
-    out = attend(grouped, keys, values, attn_mask=visible, scale=scale)  # [B, Hkv, group, D]
+    out = attend(grouped, k_cache.to(acc), v_cache.to(acc), attn_mask=visible, scale=scale)  # [B, Hkv, group, D]
     if not math.isfinite(out.sum().item()):
-        past = ~visible.view(batch, 1, capacity, 1)
-        out = attend(grouped, keys.masked_fill(past, 0), values.masked_fill(past, 0), attn_mask=visible, scale=scale)
+        keys, values = (_readable_values(cache, cache_lens, acc) for cache in (k_cache, v_cache))
+        out = attend(grouped, keys, values, attn_mask=visible, scale=scale)
     return out.view(batch, q_heads, 1, head_dim).to(q.dtype)
 
 
