@@ -57,6 +57,8 @@ CASES = [
     Case(4, 2, 111, 256, torch.float32, (111, 3), 1),
     Case(2, 2, 1000, 128, torch.float16, (999, 1), None),
     Case(16, 2, 63, 64, torch.bfloat16, (40, 63), None),
+    # Rows of one length, past which the fused CPU path reads nothing and masks nothing.
+    Case(6, 3, 111, 64, torch.float16, (70, 70, 70), None),
     # Odd GQA groups (3, 5, 6, 7 query heads per KV head, padded to 16 rows in the kernels).
     Case(6, 2, 257, 32, torch.float16, (257, 0, 1), 3),
     Case(5, 1, 111, 64, torch.bfloat16, (63, 111), None),

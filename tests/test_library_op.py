@@ -121,6 +121,10 @@ class _ReportsSecondGPU(torch.Tensor):
     def device(self) -> torch.device:
         return torch.device("cuda", 1)
 
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
 
 def test_a_call_runs_with_its_tensors_gpu_current(fake_cuda_devices):
     """Triton launches on the current GPU: a call on cuda:1 while cuda:0 is current must switch to cuda:1."""

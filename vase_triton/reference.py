@@ -296,7 +296,10 @@ def decode_attention(
         lengths = cache_lens.tolist()  # a host read, free on a CPU
         if lengths and min(lengths) > 0:  # the slots past the longest row are never read
             longest = max(lengths)
-            return _fused_decode_output(q, k_cache[:, :, :longest], v_cache[:, :, :longest], cache_lens, scale)
+            full_rows = min(lengths) == longest
+            return _fused_decode_output(
+                q, k_cache[:, :, :longest], v_cache[:, :, :longest], cache_lens, scale, full_rows=full_rows
+            )
     probs = attention_probabilities(q, k_cache, scale=scale, causal=False, kv_lens=cache_lens)
     out = _attend_values(probs, v_cache, cache_lens).to(q.dtype)
     if scores is not None:
@@ -306,7 +309,13 @@ def decode_attention(
 
 
 def _fused_decode_output(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_lens: torch.Tensor, scale: Optional[float]
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    scale: Optional[float],
+    *,
+    full_rows: bool,
 ) -> torch.Tensor:
     """`decode_attention`'s output by PyTorch's fused attention, on a CPU, for rows of at least one slot.
 
@@ -316,12 +325,15 @@ def _fused_decode_output(
     its key and value, so NaN or inf garbage there would reach the output: when the output
     is not finite (its sum's check, as `_attend_values`'s), the attention is redone over keys
     and values zeroed past `cache_lens`, which gives rows without garbage bit for bit the
-    same output. At the CPU benchmark's decode step (one thread) it takes 144–162 µs a layer
-    where the explicit path takes 220–230.
+    same output. With `full_rows` (every `cache_lens[b]` equals C, as at batch 1) no slot is
+    masked, so neither the mask nor the check is needed. At the CPU benchmark's decode shape
+    (B 4, 8 query heads over 2 KV heads, D 128, C 320, float32, one thread) it takes 142 µs
+    with full rows and 168 µs masked, where the explicit path takes 294.
 
     Args:
         q: `[B, Hq, 1, D]`; k_cache, v_cache: `[B, Hkv, C, D]`, C > 0; cache_lens: `[B]`, every entry
             in `[1, C]`.
+        full_rows: whether every entry of `cache_lens` is C.
 
     Returns:
         `[B, Hq, 1, D]` in `q.dtype`.
@@ -330,8 +342,11 @@ def _fused_decode_output(
     kv_heads, capacity = k_cache.shape[1], k_cache.shape[2]
     acc = _accumulation_dtype(q.dtype)
     grouped = q.to(acc).reshape(batch, kv_heads, q_heads // kv_heads, head_dim)  # [B, Hkv, group, D]
-    visible = torch.arange(capacity).view(1, 1, 1, capacity) < cache_lens.view(batch, 1, 1, 1)  # [B, 1, 1, C]
     attend = torch.nn.functional.scaled_dot_product_attention
+    if full_rows:  # every slot is read: no mask, and no garbage to keep out
+        out = attend(grouped, k_cache.to(acc), v_cache.to(acc), scale=scale)  # [B, Hkv, group, D]
+        return out.view(batch, q_heads, 1, head_dim).to(q.dtype)
+    visible = torch.arange(capacity).view(1, 1, 1, capacity) < cache_lens.view(batch, 1, 1, 1)  # [B, 1, 1, C]
     out = attend(grouped, k_cache.to(acc), v_cache.to(acc), attn_mask=visible, scale=scale)  # [B, Hkv, group, D]
     if not math.isfinite(out.sum().item()):
         keys, values = (_readable_values(cache, cache_lens, acc) for cache in (k_cache, v_cache))
@@ -417,8 +432,8 @@ def append_(cache: CacheTensors, new_keys: torch.Tensor, new_values: torch.Tenso
         return
     device = cache.keys.device
     new_len = new_keys.shape[2]
-    new_positions = cache.next_positions.to(torch.long).view(batch, 1) + torch.arange(new_len, device=device)
-    new_positions = new_positions.view(batch, 1, new_len).expand(batch, kv_heads, new_len)
+    arange = torch.arange(new_len, dtype=cache.next_positions.dtype, device=device)
+    new_positions = (cache.next_positions.view(batch, 1, 1) + arange).expand(batch, kv_heads, new_len)
     magnitudes = value_magnitude(new_values, value_stat)  # [B, Hkv, T_new]
     if device.type == "cpu":
         starts = cache.lengths.tolist()

