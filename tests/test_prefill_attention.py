@@ -201,6 +201,51 @@ def test_reference_matches_pytorch_attention_in_float64(case: Case, rows: Option
     torch.testing.assert_close(scores.double(), expected, rtol=1e-6, atol=1e-6)
 
 
+# Rows of one length with as many queries as keys: the fused CPU path's unmasked causal call.
+FUSED_CASES = CASES + [
+    Case(2, 8, 2, 257, 257, 64, True, torch.bfloat16, None, 64),
+    Case(1, 4, 4, 111, 111, 32, True, torch.float32, (111,), 7),
+]
+
+
+@pytest.mark.parametrize("rows", [None, 5])
+@pytest.mark.parametrize("case", FUSED_CASES, ids=[c.id for c in FUSED_CASES])
+def test_reference_fused_cpu_prefill_matches_float64(case: Case, rows: Optional[int], monkeypatch):
+    """On a CPU, inputs other than float64 take their output and log-sum-exp from PyTorch's
+    fused attention (in masked blocks of `FUSED_PREFILL_ROWS` queries, here also 5); float64
+    takes the explicit path. Against float64, with NaN keys and inf values past every row's
+    length, which must not reach the result."""
+    if rows is not None:
+        monkeypatch.setattr(reference, "FUSED_PREFILL_ROWS", rows)
+    calls = []
+    fused_op = reference._CPU_FLASH_ATTENTION
+    monkeypatch.setattr(reference, "_CPU_FLASH_ATTENTION", lambda *args, **kw: calls.append(1) or fused_op(*args, **kw))
+    q, k, v, kv_lens = make_inputs(case, torch.device("cpu"), seed=7)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    lens = torch.full((case.batch,), case.k_len) if kv_lens is None else kv_lens
+    past = torch.arange(case.k_len).view(1, 1, -1, 1) >= lens.view(-1, 1, 1, 1)
+    poisoned_k, poisoned_v = k.masked_fill(past, float("nan")), v.masked_fill(past, float("inf"))
+    out, lse, scores = reference.prefill_attention(
+        q, poisoned_k, poisoned_v, scale=scale, causal=case.causal, kv_lens=kv_lens, score_window=case.window
+    )
+    assert calls, "the fused path did not run"
+    calls.clear()
+    ref_out, ref_lse, ref_scores = reference.prefill_attention(
+        q.double(), k.double(), v.double(), scale=scale, causal=case.causal, kv_lens=kv_lens, score_window=case.window
+    )
+    assert not calls, "float64 took the fused path"
+    base_out, base_lse, base_scores = torch_same_dtype(q, k, v, scale, case.causal, kv_lens, case.window)
+    assert out.dtype == q.dtype and lse.dtype == torch.float32
+    assert_close_to_reference("out", out, base_out, ref_out)
+    assert_close_to_reference("lse", lse, base_lse, ref_lse)
+    unseen = torch.isinf(ref_lse)
+    assert torch.equal(out[unseen], torch.zeros_like(out[unseen]))
+    if case.window == 0:
+        assert scores is None
+    else:
+        assert_close_to_reference("scores", scores, base_scores, ref_scores)
+
+
 @pytest.mark.parametrize("case", CASES[1:4], ids=[c.id for c in CASES[1:4]])
 def test_public_op_runs_the_kernel(case: Case, device):
     q, k, v, kv_lens = make_inputs(case, device, seed=1)
