@@ -9,8 +9,8 @@
   not yet timed there).
 - `full`: every registry shape, end-to-end decoding to 32k tokens and the paper's
   throughput protocol at full model depth (about an hour on one GPU).
-- `cpu`: the CPU end-to-end measurement (thousands of tokens through the PyTorch
-  reference); the kernel suites skip.
+- `cpu`: the CPU measurements through the PyTorch reference: end-to-end decoding
+  (thousands of tokens) and a prompt to its first token; the kernel suites skip.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from benchmarks.shapes import BATCH_SIZES, QWEN3, CacheShape, PrefillShape
 ABSENT = "absent"
 NOT_APPLICABLE = "—"
 DEFAULT_THRESHOLD_PERCENT = 5.0
-KERNEL_SUITES = ("prefill", "decode", "eviction", "score-mode")
+KERNEL_SUITES = ("prefill", "prompt", "decode", "eviction", "score-mode")
 CURVE_SUITE = "end-to-end"
 PAPER_SUITE = "paper-throughput"
 

@@ -1,7 +1,7 @@
 """The benchmark report generator (`benchmarks.report`) on recorded pytest-benchmark JSON.
 
-`tests/data/benchmarks_smoke_cpu.json` is a CPU smoke run of every suite (`python -m
-pytest benchmarks --benchmark-json ...`). The other inputs are that file with the rows
+`tests/data/benchmarks_smoke_cpu.json` is a CPU smoke run of every suite there was when it
+was recorded (`python -m pytest benchmarks --benchmark-json ...`; the `prompt` suite came later). The other inputs are that file with the rows
 replaced by hand-made ones of known timings, on a made-up GPU with a known roofline, so
 rates, roofline percentages, speed-ups and regressions can be checked exactly.
 """
@@ -144,6 +144,19 @@ def test_speedups_and_absent_baselines(tmp_path):
     decode_section = text.split("## decode")[1].split("## ")[0]
     assert f"Timing: {GRAPHED}." in decode_section
     assert "Timing" not in text.split("## prefill")[1].split("## ")[0]
+
+
+def test_prompt_rows_have_a_section_of_their_own_with_the_speedup_over_the_full_cache(tmp_path):
+    prompt = ("prompt", "prompt to first token (generate, 1 new token)")
+    rows = report.load_runs([write_synthetic(tmp_path / "new.json", [
+        (Record(*prompt, "hf-dynamic", "small-qwen3 B1 P4096"), _spread(2.0)),
+        (Record(*prompt, "vase-256", "small-qwen3 B1 P4096", compare_to=("hf-dynamic",)), _spread(2.5)),
+    ])])  # fmt: skip
+    section = report.render(rows, None, 0.05, []).split("## prompt")[1].split("## ")[0]
+    assert "Kernel: prompt to first token (generate, 1 new token)." in section
+    vase_line = next(line for line in section.splitlines() if "| vase-256 |" in line)
+    cells = [cell.strip() for cell in vase_line.strip("|").split("|")]
+    assert cells[1:] == ["small-qwen3 B1 P4096", "vase-256", "2.50 s", "200.00 ms", "2.41 s – 2.59 s", "5", "0.80x"]
 
 
 def test_rows_timed_differently_name_their_timing(tmp_path):
