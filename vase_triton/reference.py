@@ -305,7 +305,8 @@ def _fused_prefill(
     a log-sum-exp of `-inf`. As in `_fused_decode_output`, an output that is not finite is
     redone over keys and values zeroed past `lens` (a hidden slot's garbage reaches the
     product). At one 4,096-token prompt of Qwen3's head layout (8 query heads over 2 KV
-    heads, D 128, float32, one thread) it takes 442 ms a layer where the blocks take 748.
+    heads, D 128, float32, one thread) `prefill_attention` takes 465 ms a layer with it
+    (a 64-query score window included) where the blocks take 748 and SDPA alone 432.
 
     Args:
         q: `[B, Hq, Tq, D]`; k, v: `[B, Hkv, L, D]` where L is the longest of `lens` `[B]`.
