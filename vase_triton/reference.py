@@ -714,7 +714,7 @@ def evict_(
         noise: `[B, Hkv, N]` float32 uniforms or None; trigger_length: default `N`.
     """
     keys = cache.keys
-    batch, kv_heads, num_slots, head_dim = keys.shape
+    batch, kv_heads, num_slots, _ = keys.shape
     trigger_length = num_slots if trigger_length is None else trigger_length
     uniforms = noise
     if temperature >= MIN_TEMPERATURE and noise is None:
@@ -724,18 +724,21 @@ def evict_(
         importance, cache.magnitudes, cache.lengths, budget=budget, window=window, n_sink=n_sink,
         n_protect=n_protect, temperature=temperature, uniforms=uniforms,
     )
-    survivors = survivor_slots(selected, budget)
+    survivors = survivor_slots(selected, budget)  # [B, Hkv, budget]
     evicted = (cache.lengths >= trigger_length).to(keys.device).view(batch, 1, 1)  # [B, 1, 1]
+    # On a CPU (where a host read is free) a batch whose rows all evict writes the moved slots
+    # without reading what they replace.
+    every_row = keys.device.type == "cpu" and bool(evicted.all())
+    row_index = torch.arange(batch, device=keys.device).view(batch, 1, 1)
+    head_index = torch.arange(kv_heads, device=keys.device).view(1, kv_heads, 1)
 
     def compact(buffer: torch.Tensor) -> None:
-        if buffer.dim() == 4:
-            index = survivors.unsqueeze(-1).expand(-1, -1, -1, head_dim)
-            rows = evicted.unsqueeze(-1)
-        else:
-            index, rows = survivors, evicted
-        moved = buffer.gather(2, index)
+        moved = buffer[row_index, head_index, survivors]  # [B, Hkv, budget] + buffer.shape[3:]
         head = buffer[:, :, :budget]
-        head.copy_(torch.where(rows, moved, head))
+        if every_row:
+            head.copy_(moved)
+        else:
+            head.copy_(torch.where(evicted.view(batch, 1, 1, *([1] * (buffer.dim() - 3))), moved, head))
 
     for buffer in (cache.keys, cache.values, cache.magnitudes, cache.positions):
         compact(buffer)
