@@ -201,20 +201,23 @@ def test_reference_matches_pytorch_attention_in_float64(case: Case, rows: Option
     torch.testing.assert_close(scores.double(), expected, rtol=1e-6, atol=1e-6)
 
 
-# Rows of one length with as many queries as keys: the fused CPU path's unmasked causal call.
+# Rows of one length with as many queries as keys (the fused CPU path's unmasked causal call),
+# and one query without a score window, over a row that sees no key.
 FUSED_CASES = CASES + [
     Case(2, 8, 2, 257, 257, 64, True, torch.bfloat16, None, 64),
     Case(1, 4, 4, 111, 111, 32, True, torch.float32, (111,), 7),
+    Case(2, 4, 1, 1, 63, 64, True, torch.float32, (0, 63), 0),
 ]
 
 
 @pytest.mark.parametrize("rows", [None, 5])
 @pytest.mark.parametrize("case", FUSED_CASES, ids=[c.id for c in FUSED_CASES])
 def test_reference_fused_cpu_prefill_matches_float64(case: Case, rows: Optional[int], monkeypatch):
-    """On a CPU, inputs other than float64 take their output and log-sum-exp from PyTorch's
-    fused attention (in masked blocks of `FUSED_PREFILL_ROWS` queries, here also 5); float64
-    takes the explicit path. Against float64, with NaN keys and inf values past every row's
-    length, which must not reach the result."""
+    """On a CPU, inputs other than float64 whose score window holds at most 3/4 of the queries
+    take their output and log-sum-exp from PyTorch's fused attention (in masked blocks of
+    `FUSED_PREFILL_ROWS` queries, here also 5); float64 and larger windows take the explicit
+    path. Against float64, with NaN keys and inf values past every row's length, which must
+    not reach the result."""
     if rows is not None:
         monkeypatch.setattr(reference, "FUSED_PREFILL_ROWS", rows)
     calls = []
@@ -228,7 +231,8 @@ def test_reference_fused_cpu_prefill_matches_float64(case: Case, rows: Optional[
     out, lse, scores = reference.prefill_attention(
         q, poisoned_k, poisoned_v, scale=scale, causal=case.causal, kv_lens=kv_lens, score_window=case.window
     )
-    assert calls, "the fused path did not run"
+    fused = 4 * case.window <= 3 * case.q_len
+    assert bool(calls) == fused, f"fused path ran: {bool(calls)}, expected {fused}"
     calls.clear()
     ref_out, ref_lse, ref_scores = reference.prefill_attention(
         q.double(), k.double(), v.double(), scale=scale, causal=case.causal, kv_lens=kv_lens, score_window=case.window
