@@ -28,12 +28,11 @@ import os
 import time
 
 import pytest
-import torch
 from torch._dynamo.utils import counters
 
 from benchmarks import profiles, timing
 from benchmarks.decoding import HF_DYNAMIC, HF_DYNAMIC_NO_CUDNN, HF_STATIC, DecodeSetting
-from benchmarks.decoding import build_model, generate_timed, vase_method
+from benchmarks.decoding import build_model, generate_timed, model_dtype, vase_method
 from benchmarks.records import Record
 from benchmarks.shapes import BUDGETS, GENERATED_LENGTHS, QWEN3, SMALL, TINY
 
@@ -112,8 +111,7 @@ def decode_seconds(method) -> float | None:
 
 @pytest.fixture(scope="module")
 def model(device):
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return build_model(SETTING.layout, SETTING.num_layers, device, dtype)
+    return build_model(SETTING.layout, SETTING.num_layers, device, model_dtype(device))
 
 
 # The run measures the copy bandwidth, which the report sets each step's bytes against.

@@ -22,11 +22,10 @@ estimate on the tiny model.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from benchmarks import profiles, timing
 from benchmarks.decoding import HF_DYNAMIC_NO_CUDNN, DecodeSetting, build_model, estimated_decode_seconds, generate_timed
-from benchmarks.decoding import vase_method
+from benchmarks.decoding import model_dtype, vase_method
 from benchmarks.records import Record
 from benchmarks.shapes import QWEN3, TINY
 
@@ -61,8 +60,7 @@ SETTING, METHODS = profiles.pick({
 
 @pytest.fixture(scope="module")
 def model(device):
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return build_model(SETTING.layout, SETTING.num_layers, device, dtype)
+    return build_model(SETTING.layout, SETTING.num_layers, device, model_dtype(device))
 
 
 @pytest.mark.parametrize("method", METHODS, ids=[m.name for m in METHODS])

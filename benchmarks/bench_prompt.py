@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from benchmarks import profiles, timing
-from benchmarks.decoding import HF_DYNAMIC, DecodeSetting, build_model, prepared, vase_method
+from benchmarks.decoding import HF_DYNAMIC, DecodeSetting, build_model, model_dtype, prepared, vase_method
 from benchmarks.records import Record
 from benchmarks.shapes import SMALL, TINY
 
@@ -35,8 +35,7 @@ FULL_CACHES = tuple(method.name for method in METHODS if method.cache != "vase")
 
 @pytest.fixture(scope="module")
 def model(device):
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return build_model(LAYOUT, NUM_LAYERS, device, dtype)
+    return build_model(LAYOUT, NUM_LAYERS, device, model_dtype(device))
 
 
 @pytest.mark.parametrize("prompt_tokens", PROMPTS, ids=[f"P{tokens}" for tokens in PROMPTS])

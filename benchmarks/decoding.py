@@ -181,6 +181,11 @@ LAYOUT_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_head
                  "intermediate_size", "vocab_size", "tie_word_embeddings")  # fmt: skip
 
 
+def model_dtype(device: torch.device) -> torch.dtype:
+    """The dtype the model-level suites run in: bf16 on CUDA, fp32 on CPU."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
 def build_model(layout: ModelLayout, num_layers: int, device: torch.device, dtype: torch.dtype):
     """`VASE_BENCH_CHECKPOINT` loaded whole when set, else a random-weight Qwen3 of `layout` with `num_layers`.
 

@@ -33,7 +33,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, schedule
 from transformers import StoppingCriteria
 
-from benchmarks.decoding import DecodeSetting, Method, StepClock, build_model, prepared
+from benchmarks.decoding import DecodeSetting, Method, StepClock, build_model, model_dtype, prepared
 from vase_triton.commands.common import choice, comma_list, positive_int
 
 TOP_OPERATIONS = 12
@@ -169,9 +169,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
         os.environ["VASE_BACKEND"] = "torch"  # as the end-to-end suite on CPU
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     try:
-        model = build_model(SETTING.layout, SETTING.num_layers, device, dtype)
+        model = build_model(SETTING.layout, SETTING.num_layers, device, model_dtype(device))
     except ValueError as error:  # VASE_BENCH_CHECKPOINT
         parser.error(str(error))
     if args.out is not None:

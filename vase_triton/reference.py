@@ -281,10 +281,7 @@ def prefill_attention(
     first_query = 0 if fused is None else q_len - score_window
     for start in range(first_query, q_len, rows):
         stop = min(q_len, start + rows)
-        # Queries [start, stop) are the last of keys `lens - (Tq - stop)` (end-aligned), whose
-        # causal masks leave them the same keys; without `causal` they see every valid key.
-        block_lens = (lens - (q_len - stop)).clamp_min(0) if causal else lens
-        seen = max(0, longest - (q_len - stop)) if causal else longest
+        block_lens, seen = _query_block_keys(lens, longest, q_len, stop, causal)
         logits = masked_logits(q[:, :, start:stop], k[:, :, :seen], scale=scale, causal=causal, kv_lens=block_lens)
         probs, block_lse = _softmax_and_lse(logits)  # [B, Hq, stop - start, seen]
         if fused is None:
@@ -295,6 +292,19 @@ def prefill_attention(
             window = probs[:, :, first - start :].sum(dim=2)  # [B, Hq, seen]
             window_sums[:, :, :seen] += window.view(batch, kv_heads, group, seen).sum(dim=2)
     return out, lse, window_sums.to(torch.float32) if score_window > 0 else None
+
+
+def _query_block_keys(
+    lens: torch.Tensor, longest: int, q_len: int, stop: int, causal: bool
+) -> tuple[torch.Tensor, int]:
+    """(per-row key counts `[B]`, keys to read) of the block of end-aligned queries ending at `stop`.
+
+    The block's queries are the last of keys `lens - (Tq - stop)`, whose causal masks leave
+    them the same keys; without `causal` they see every valid key.
+    """
+    if not causal:
+        return lens, longest
+    return (lens - (q_len - stop)).clamp_min(0), max(0, longest - (q_len - stop))
 
 
 def _fused_prefill(
@@ -338,8 +348,7 @@ def _fused_prefill(
         lse = torch.empty(q.shape[:3], dtype=torch.float32)
         for start in range(0, q_len, FUSED_PREFILL_ROWS):
             stop = min(q_len, start + FUSED_PREFILL_ROWS)
-            block_lens = (lens - (q_len - stop)).clamp_min(0) if causal else lens
-            seen = max(0, longest - (q_len - stop)) if causal else longest
+            block_lens, seen = _query_block_keys(lens, longest, q_len, stop, causal)
             visible = _visible_keys(stop - start, seen, block_lens, causal)  # [B, rows, seen]
             mask = torch.zeros(visible.shape, dtype=torch.float32).masked_fill_(~visible, float("-inf"))
             out[:, :, start:stop], lse[:, :, start:stop] = _CPU_FLASH_ATTENTION(
@@ -351,10 +360,8 @@ def _fused_prefill(
     out, lse = attend(k.float(), v.float())
     if not math.isfinite(out.sum().item()):
         out, lse = attend(_readable_values(k, lens, torch.float32), _readable_values(v, lens, torch.float32))
-    # Query i's last visible key is lens[b] - Tq + i (causal) or lens[b] - 1.
-    query = torch.arange(q_len).view(1, q_len)
-    last_key = lens.view(batch, 1) - q_len + query if causal else (lens.view(batch, 1) - 1).expand(batch, q_len)
-    sees_none = (last_key < 0).view(batch, 1, q_len)
+    # A query's visible keys are a prefix: it sees none when it does not see key 0.
+    sees_none = ~_visible_keys(q_len, 1, lens, causal).view(batch, 1, q_len)
     out.masked_fill_(sees_none.unsqueeze(-1), 0.0)
     lse.masked_fill_(sees_none, float("-inf"))
     return out.to(q.dtype), lse
