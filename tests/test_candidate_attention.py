@@ -60,6 +60,11 @@ CASES = [
     # Windows of 63 and 111 queries (several query blocks, the last one ragged), GQA 6.
     Case(2, 6, 1, 63, 111, 64, torch.bfloat16, (100, 40), (63, 10)),
     Case(1, 4, 2, 111, 257, 64, torch.float32, (200,), (110,)),
+    # Every row with the same candidates (the reference's CPU path without a mask): a row
+    # with no valid query, candidates that fill every slot, a single candidate under GQA 8.
+    Case(3, 8, 2, 64, 111, 64, torch.float32, (100, 100, 100), (64, 9, 0)),
+    Case(2, 6, 3, 5, 63, 128, torch.bfloat16, (63, 63), None),
+    Case(2, 8, 1, 1, 257, 32, torch.float16, (1, 1), (1, 1)),
 ]
 
 
@@ -156,6 +161,36 @@ def test_invalid_queries_contribute_nothing_even_when_not_finite(backend: str, d
     want = candidate_attention(zeros, k, lens, scale=0.2, q_valid=q_valid)
     assert bool(torch.isfinite(want).all())
     torch.testing.assert_close(candidate_attention(garbage, k, lens, scale=0.2, q_valid=q_valid), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_reference_cpu_path_for_shared_candidates(case: Case, monkeypatch) -> None:
+    """On a CPU, inputs other than float64 whose rows all have the same positive number of
+    candidates skip the mask (`_shared_candidate_attention`); others, and float64, keep it.
+    Against the float64 formula, with NaN keys past the candidates and NaN in every absent
+    query, neither of which may reach the result."""
+    calls = []
+    shared_path = reference._shared_candidate_attention
+    monkeypatch.setattr(reference, "_shared_candidate_attention", lambda *a: calls.append(1) or shared_path(*a))
+    q, k, lens, q_valid = make_inputs(case, torch.device("cpu"), seed=3)
+    if q_valid is not None:
+        q = q.masked_fill(~q_valid.view(case.batch, 1, case.window, 1), float("nan"))
+    scale = case.head_dim**-0.5
+    got = reference.candidate_attention(q, k, lens, scale=scale, q_valid=q_valid)
+    shared = len(set(case.candidate_lens)) == 1 and case.candidate_lens[0] > 0
+    assert bool(calls) == shared, f"shared path ran: {bool(calls)}, expected {shared}"
+    calls.clear()
+    reference.candidate_attention(q.double(), k.double(), lens, scale=scale, q_valid=q_valid)
+    assert not calls, "float64 took the shared path"
+    clean_q = q if q_valid is None else q.masked_fill(~q_valid.view(case.batch, 1, case.window, 1), 0.0)
+    truth = paper_importance(clean_q, k, lens, q_valid, scale)
+    baseline = same_dtype_importance(clean_q, k, lens, q_valid, scale).double()
+    assert got.dtype == torch.float32 and got.shape == (case.batch, case.kv_heads, case.slots)
+    error = (got.double() - truth).abs().max().item()
+    torch_error = (baseline - truth).abs().max().item()
+    assert error <= 2 * torch_error + 1e-6, (error, torch_error)
+    past = torch.arange(case.slots).view(1, 1, -1) >= lens.view(-1, 1, 1)
+    assert bool((got[past.expand_as(got)] == 0).all())
 
 
 def test_reference_is_the_float64_formula() -> None:
