@@ -5,12 +5,14 @@
 #
 #   bash benchmarks/gpu_check.sh [OUT_DIR]    # default: $OUT, else benchmarks/results/<gpu>-<date>
 #   VASE_BENCH_COMMIT=<commit> bash benchmarks/gpu_check.sh OUT_DIR    # a copy without .git
-#   VASE_GPU_CHECK_STEPS="attention eviction paper" VASE_GPU_CHECK_SECONDS=540 bash benchmarks/gpu_check.sh OUT_DIR
+#   VASE_GPU_CHECK_STEPS="attention eviction prompt paper" VASE_GPU_CHECK_SECONDS=540 bash benchmarks/gpu_check.sh OUT_DIR
 #
-# VASE_GPU_CHECK_STEPS: the steps to run, by name (default: all but `paper`): tests autotune
-# attention eviction profile end_to_end paper. `paper` is the paper protocol's estimate
-# (bench_paper_throughput.py, `gpu` profile, minutes of Qwen3-14B prefills and decoding):
-# it does not fit beside the others, so a second call runs it, with what else it wants.
+# VASE_GPU_CHECK_STEPS: the steps to run, by name (default: all but `prompt` and `paper`):
+# tests autotune attention eviction profile prompt end_to_end paper. `paper` is the paper
+# protocol's estimate (bench_paper_throughput.py, `gpu` profile, minutes of Qwen3-14B
+# prefills and decoding) and `prompt` a prompt to its first token (bench_prompt.py, 8k and
+# 32k tokens): they do not fit beside the others, so a second call runs them, with what
+# else it wants.
 # VASE_GPU_CHECK_SECONDS: the deadline of the steps before the report (default 420). The
 # `end_to_end` and `paper` steps each take the time left before it, so a run names one of them.
 #
@@ -24,13 +26,15 @@
 #                                           emitted-mode eviction, score modes
 #   decode step profile                 60  (limit) host against device time of each end-to-end
 #                                           method's decode step, and its top kernels
+#   prompt to first token               60  (limit; only when named) DynamicCache and VaSE-2048,
+#                                           Qwen3-8B layout at 4 layers, 8k and 32k tokens
 #   end-to-end decoding                ~30+ what is left of the first 420 s (VASE_GPU_CHECK_SECONDS), shared by its four
 #                                           methods as they go (VASE_BENCH_DECODE_DEADLINE), less
 #                                           their compilation and warm-up (30 s compiled, 5 s eager)
 #   report                              20  (limit)
 #   worst case              420 + 20 + 6 x 10 (interrupt grace) = 480
-#   (with VASE_GPU_CHECK_SECONDS=S and the paper step alone after the short ones: S + 20 + 4 x 10;
-#   keep that under the caller's own limit)
+#   (with VASE_GPU_CHECK_SECONDS=S and the paper step alone after the short ones: S + 20 + 4 x 10,
+#   and 10 more with the prompt step; keep that under the caller's own limit)
 #
 # Each step runs under `timeout -s INT`: pytest, interrupted, still writes the JSON of the
 # rows it finished. A step that fails or is cut short does not stop the next; the exit
@@ -38,8 +42,8 @@
 # pytest-benchmark (matplotlib for the plots); the repository is used in place (no install).
 # `VASE_BENCH_PROFILE=smoke` runs the same steps on a CPU machine: a dry run of this script.
 set -uo pipefail
-known_steps="tests autotune attention eviction profile end_to_end paper"
-steps="${VASE_GPU_CHECK_STEPS:-${known_steps% paper}}"
+known_steps="tests autotune attention eviction profile prompt end_to_end paper"
+steps="${VASE_GPU_CHECK_STEPS:-tests autotune attention eviction profile end_to_end}"
 # wanted NAME: whether VASE_GPU_CHECK_STEPS names the step.
 wanted() { [[ " $steps " == *" $1 "* ]]; }
 for step in $steps; do
@@ -144,6 +148,9 @@ run_step eviction 60 $python -m pytest -q -p no:cacheprovider \
 run_step profile 60 env TORCH_LOGS="perf_hints,recompiles" \
   $python -m benchmarks.profile_decode --steps 64 --warmup 8 --out "$out"
 
+run_step prompt 60 $python -m pytest -q -s -p no:cacheprovider \
+  benchmarks/bench_prompt.py --benchmark-json "$out/prompt.json"
+
 # End to end: the four methods share the time left (VaSE first): each decodes for its
 # share of what is left when it starts, once the compilation and warm-up of it and the
 # methods after it are set aside, so time a fast method does not need goes to the next;
@@ -160,7 +167,7 @@ run_step paper "$left" $python -m pytest -q -s -p no:cacheprovider \
 
 deadline=$(($(date +%s) + 20))
 results=()
-for name in attention eviction end_to_end paper; do
+for name in attention eviction prompt end_to_end paper; do
   [[ -f "$out/$name.json" ]] && results+=("$out/$name.json")
 done
 if ((${#results[@]})); then

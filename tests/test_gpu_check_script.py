@@ -38,18 +38,20 @@ def test_bad_settings_are_refused_before_anything_runs(tmp_path: Path, env: dict
     assert not (tmp_path / "out").exists()
 
 
-def test_the_paper_step_alone_writes_its_rows_and_the_report(tmp_path: Path) -> None:
+def test_the_prompt_and_paper_steps_write_their_rows_and_the_report(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    result = _run(out, VASE_GPU_CHECK_STEPS="paper", VASE_GPU_CHECK_SECONDS="300")
+    result = _run(out, VASE_GPU_CHECK_STEPS="prompt paper", VASE_GPU_CHECK_SECONDS="300")
     assert result.returncode == 0, result.stdout + result.stderr
     steps = (out / "steps.txt").read_text().splitlines()
-    assert [line.split(":")[0] for line in steps] == ["== paper", "== report"], steps
+    assert [line.split(":")[0] for line in steps] == ["== prompt", "== paper", "== report"], steps
     assert "commit: " + "0" * 40 in (out / "environment.txt").read_text()
-    assert {"paper.json", "paper.log", "report.md", "results.csv"} <= {path.name for path in out.iterdir()}
+    assert {"prompt.json", "paper.json", "paper.log", "report.md", "results.csv"} <= {path.name for path in out.iterdir()}
     assert not any((out / f"{name}.json").exists() for name in ("attention", "eviction", "end_to_end"))
     methods = [row["param"] for row in json.loads((out / "paper.json").read_text())["benchmarks"]]
     assert len(methods) == 3 and "hf-dynamic-no-cudnn" in methods and any("dkv" in name for name in methods)
+    prompt_rows = [row["extra_info"]["provider"] for row in json.loads((out / "prompt.json").read_text())["benchmarks"]]
+    assert sorted(prompt_rows) == ["hf-dynamic", "vase-32"], prompt_rows
     report = (out / "report.md").read_text()
-    assert "## the paper's throughput protocol" in report
-    for method in methods:
+    assert "## the paper's throughput protocol" in report and "## prompt" in report
+    for method in methods + prompt_rows:
         assert f"| {method} |" in report, method
