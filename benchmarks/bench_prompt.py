@@ -5,7 +5,9 @@ before the first token: every layer's projections, attention and cache writes, a
 the eviction of a prompt longer than its budget. One prompt of random tokens (batch 1); each
 row runs one untimed call, then `ROUNDS` timed ones, each from an emptied cache
 (`time.perf_counter` around the call). Profiles: `cpu`, the model of the CPU end-to-end record
-(`SMALL`, fp32, the PyTorch reference ops) at prompts of 1,024 and 4,096 tokens; `gpu`,
+(`SMALL`, fp32, the PyTorch reference ops) at prompts of 1,024, 4,096 and 16,384 tokens
+(VaSE takes the last in chunks of `prefill_chunk_size`, the cache compressed between them,
+where the full cache attends over the whole prompt); `gpu`,
 Qwen3-8B's layout at 4 layers (bf16, the Triton kernels) at 8,192 and 32,768 tokens, the
 `prompt` step of `gpu_check.sh`; `full`, the same layout at its 36 layers over every prompt
 length of the registry; `smoke`, a tiny model (CI; not a measurement).
@@ -30,7 +32,7 @@ KERNEL = "prompt to first token (generate, 1 new token)"
 
 LAYOUT, NUM_LAYERS, PROMPTS, METHODS, ROUNDS = profiles.pick({
     "smoke": (TINY, 2, (64,), [HF_DYNAMIC, vase_method(32)], 1),
-    "cpu": (SMALL, SMALL.num_layers, (1024, 4096), [HF_DYNAMIC, vase_method(256)], 3),
+    "cpu": (SMALL, SMALL.num_layers, (1024, 4096, 16384), [HF_DYNAMIC, vase_method(256)], 3),
     "gpu": (QWEN3["Qwen3-8B"], 4, (8192, 32768), [HF_DYNAMIC, vase_method(2048)], 5),
     "full": (QWEN3["Qwen3-8B"], QWEN3["Qwen3-8B"].num_layers, PROMPT_LENGTHS, [HF_DYNAMIC, vase_method(2048)], 5),
 })  # fmt: skip
