@@ -201,11 +201,14 @@ def test_reference_matches_pytorch_attention_in_float64(case: Case, rows: Option
     torch.testing.assert_close(scores.double(), expected, rtol=1e-6, atol=1e-6)
 
 
-# Rows of one length with as many queries as keys (the fused CPU path's unmasked causal call),
-# and one query without a score window, over a row that sees no key.
+# Rows of one length with as many queries as keys (the fused CPU path's unmasked causal call)
+# and with more keys than queries (its unmasked prefix merged with the causal part, one key of
+# prefix included), and one query without a score window, over a row that sees no key.
 FUSED_CASES = CASES + [
     Case(2, 8, 2, 257, 257, 64, True, torch.bfloat16, None, 64),
     Case(1, 4, 4, 111, 111, 32, True, torch.float32, (111,), 7),
+    Case(2, 8, 2, 111, 300, 64, True, torch.float16, (300, 300), 16),
+    Case(1, 4, 1, 63, 64, 64, True, torch.float32, None, 0),
     Case(2, 4, 1, 1, 63, 64, True, torch.float32, (0, 63), 0),
 ]
 
@@ -214,18 +217,21 @@ FUSED_CASES = CASES + [
 @pytest.mark.parametrize("case", FUSED_CASES, ids=[c.id for c in FUSED_CASES])
 def test_reference_fused_cpu_prefill_matches_float64(case: Case, rows: Optional[int], monkeypatch):
     """On a CPU, inputs other than float64 whose score window holds at most 3/4 of the queries
-    take their output and log-sum-exp from PyTorch's fused attention (in masked blocks of
+    take their output and log-sum-exp from PyTorch's fused attention (causal rows of one length
+    with no fewer keys than queries without a mask, any other in masked blocks of
     `FUSED_PREFILL_ROWS` queries, here also 5); float64 and larger windows take the explicit
     path. Against float64, with NaN keys and inf values past every row's length, which must
     not reach the result."""
     if rows is not None:
         monkeypatch.setattr(reference, "FUSED_PREFILL_ROWS", rows)
-    calls = []
-    fused_op = reference._CPU_FLASH_ATTENTION
+    calls, unmasked_calls = [], []
+    fused_op, unmasked = reference._CPU_FLASH_ATTENTION, reference._prefix_then_causal
     monkeypatch.setattr(reference, "_CPU_FLASH_ATTENTION", lambda *args, **kw: calls.append(1) or fused_op(*args, **kw))
+    monkeypatch.setattr(reference, "_prefix_then_causal", lambda *args: unmasked_calls.append(1) or unmasked(*args))
     q, k, v, kv_lens = make_inputs(case, torch.device("cpu"), seed=7)
     scale = 1.0 / math.sqrt(case.head_dim)
     lens = torch.full((case.batch,), case.k_len) if kv_lens is None else kv_lens
+    one_length = len(set(lens.tolist())) == 1 and case.q_len <= int(lens[0])
     past = torch.arange(case.k_len).view(1, 1, -1, 1) >= lens.view(-1, 1, 1, 1)
     poisoned_k, poisoned_v = k.masked_fill(past, float("nan")), v.masked_fill(past, float("inf"))
     out, lse, scores = reference.prefill_attention(
@@ -233,6 +239,7 @@ def test_reference_fused_cpu_prefill_matches_float64(case: Case, rows: Optional[
     )
     fused = 4 * case.window <= 3 * case.q_len
     assert bool(calls) == fused, f"fused path ran: {bool(calls)}, expected {fused}"
+    assert bool(unmasked_calls) == (fused and case.causal and one_length), "unmasked causal path"
     calls.clear()
     ref_out, ref_lse, ref_scores = reference.prefill_attention(
         q.double(), k.double(), v.double(), scale=scale, causal=case.causal, kv_lens=kv_lens, score_window=case.window

@@ -314,10 +314,10 @@ def _fused_prefill(
     where it does not apply (not a CPU, float64 inputs, no query or no key, or an ATen
     without the op).
 
-    Computed in float32 over keys and values repeated per query head. Rows of one length
-    with as many queries as keys and a causal mask run the op's own causal mask; any other
-    case runs blocks of at most `FUSED_PREFILL_ROWS` queries, each over the keys its
-    queries can see, with an additive mask. A query that sees no key gets a zero output and
+    Computed in float32 over keys and values repeated per query head. Causal rows of one
+    length with at least as many keys as queries run `_prefix_then_causal` (no mask read);
+    any other case runs blocks of at most `FUSED_PREFILL_ROWS` queries, each over the keys
+    its queries can see, with an additive mask. A query that sees no key gets a zero output and
     a log-sum-exp of `-inf`. As in `_fused_decode_output`, an output that is not finite is
     redone over keys and values zeroed past `lens` (a hidden slot's garbage reaches the
     product). At one 4,096-token prompt of Qwen3's head layout (8 query heads over 2 KV
@@ -337,13 +337,13 @@ def _fused_prefill(
         return None
     group = q_heads // k.shape[1]
     lengths = lens.tolist()  # a host read, free on a CPU
-    whole = causal and q_len == longest and min(lengths) == longest  # the op's causal mask is exact
+    unmasked = causal and q_len <= longest and min(lengths) == longest
     queries = q.float()
 
     def attend(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = (tensor.repeat_interleave(group, dim=1) for tensor in (keys, values))  # [B, Hq, L, D]
-        if whole:
-            return _CPU_FLASH_ATTENTION(queries, keys, values, 0.0, True, scale=scale)
+        if unmasked:
+            return _prefix_then_causal(queries, keys, values, scale)
         out = torch.empty(queries.shape, dtype=torch.float32)
         lse = torch.empty(q.shape[:3], dtype=torch.float32)
         for start in range(0, q_len, FUSED_PREFILL_ROWS):
@@ -365,6 +365,34 @@ def _fused_prefill(
     out.masked_fill_(sees_none.unsqueeze(-1), 0.0)
     lse.masked_fill_(sees_none, float("-inf"))
     return out.to(q.dtype), lse
+
+
+def _prefix_then_causal(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal attention of `Tq` end-aligned queries over `L >= Tq` keys by PyTorch's fused CPU
+    op without a mask tensor: the last `Tq` keys with the op's own causal mask (square, so it
+    is exact), the `L - Tq` keys before them, which every query sees, unmasked, and the two
+    merged by their log-sum-exps. A chunk of a long prompt over a compressed cache (4,096
+    queries over 256 + 4,096 keys, 8 query heads over 2 KV heads, D 128, one thread) takes
+    511 ms so, where masked blocks take 661.
+
+    Args:
+        queries: `[B, Hq, Tq, D]`; keys, values: `[B, Hq, L, D]`, all float32.
+
+    Returns:
+        out `[B, Hq, Tq, D]` and lse `[B, Hq, Tq]`, float32.
+    """
+    prefix = keys.shape[2] - queries.shape[2]
+    out, lse = _CPU_FLASH_ATTENTION(queries, keys[:, :, prefix:], values[:, :, prefix:], 0.0, True, scale=scale)
+    if prefix == 0:
+        return out, lse
+    seen_out, seen_lse = _CPU_FLASH_ATTENTION(
+        queries, keys[:, :, :prefix], values[:, :, :prefix], 0.0, False, scale=scale
+    )
+    total = torch.logaddexp(lse, seen_lse)
+    out = out.mul_((lse - total).exp_().unsqueeze(-1)).add_(seen_out.mul_((seen_lse - total).exp_().unsqueeze(-1)))
+    return out, total
 
 
 def decode_attention(
