@@ -42,8 +42,9 @@
 # pytest-benchmark (matplotlib for the plots); the repository is used in place (no install).
 # `VASE_BENCH_PROFILE=smoke` runs the same steps on a CPU machine: a dry run of this script.
 set -uo pipefail
-known_steps="tests autotune attention eviction profile prompt end_to_end paper"
-steps="${VASE_GPU_CHECK_STEPS:-tests autotune attention eviction profile end_to_end}"
+default_steps="tests autotune attention eviction profile end_to_end"
+known_steps="$default_steps prompt paper"
+steps="${VASE_GPU_CHECK_STEPS:-$default_steps}"
 # wanted NAME: whether VASE_GPU_CHECK_STEPS names the step.
 wanted() { [[ " $steps " == *" $1 "* ]]; }
 for step in $steps; do

@@ -115,6 +115,20 @@ def same_dtype_importance(q, k, lens, q_valid, scale) -> torch.Tensor:
     return summed / (q.shape[2] * group)
 
 
+def assert_matches_the_paper(case: Case, got, q, k, lens, q_valid, scale: float) -> None:
+    """`got` is float32 `[B, Hkv, N]`, within twice PyTorch's same-dtype error of the float64
+    formula (plus a floor), and 0 past every row's candidates."""
+    assert got.dtype == torch.float32 and got.shape == (case.batch, case.kv_heads, case.slots)
+    baseline = same_dtype_importance(q, k, lens, q_valid, scale).cpu().double()  # on the inputs' device
+    got, q, k, lens = got.cpu(), q.cpu(), k.cpu(), lens.cpu()
+    truth = paper_importance(q, k, lens, None if q_valid is None else q_valid.cpu(), scale)
+    error = (got.double() - truth).abs().max().item()
+    torch_error = (baseline - truth).abs().max().item()
+    assert error <= 2 * torch_error + 1e-6, (error, torch_error)
+    past = torch.arange(case.slots).view(1, 1, -1) >= lens.view(-1, 1, 1)
+    assert bool((got[past.expand_as(got)] == 0).all())
+
+
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_matches_the_paper_formula_in_float64(case: Case, backend: str, device, monkeypatch) -> None:
@@ -124,15 +138,8 @@ def test_matches_the_paper_formula_in_float64(case: Case, backend: str, device, 
     q, k, lens, q_valid = make_inputs(case, device)
     scale = case.head_dim**-0.5
     got = candidate_attention(q, k, lens, scale=scale, q_valid=q_valid)
-    assert got.dtype == torch.float32 and got.shape == (case.batch, case.kv_heads, case.slots)
     assert bool(torch.isfinite(got).all())
-    truth = paper_importance(q.cpu(), k.cpu(), lens.cpu(), None if q_valid is None else q_valid.cpu(), scale)
-    baseline = same_dtype_importance(q, k, lens, q_valid, scale).cpu().double()
-    error = (got.cpu().double() - truth).abs().max().item()
-    torch_error = (baseline - truth).abs().max().item()
-    assert error <= 2 * torch_error + 1e-6, (error, torch_error)
-    past = torch.arange(case.slots).view(1, 1, -1) >= lens.cpu().view(-1, 1, 1)
-    assert bool((got.cpu()[past.expand_as(got.cpu())] == 0).all())
+    assert_matches_the_paper(case, got, q, k, lens, q_valid, scale)
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
@@ -183,14 +190,7 @@ def test_reference_cpu_path_for_shared_candidates(case: Case, monkeypatch) -> No
     reference.candidate_attention(q.double(), k.double(), lens, scale=scale, q_valid=q_valid)
     assert not calls, "float64 took the shared path"
     clean_q = q if q_valid is None else q.masked_fill(~q_valid.view(case.batch, 1, case.window, 1), 0.0)
-    truth = paper_importance(clean_q, k, lens, q_valid, scale)
-    baseline = same_dtype_importance(clean_q, k, lens, q_valid, scale).double()
-    assert got.dtype == torch.float32 and got.shape == (case.batch, case.kv_heads, case.slots)
-    error = (got.double() - truth).abs().max().item()
-    torch_error = (baseline - truth).abs().max().item()
-    assert error <= 2 * torch_error + 1e-6, (error, torch_error)
-    past = torch.arange(case.slots).view(1, 1, -1) >= lens.view(-1, 1, 1)
-    assert bool((got[past.expand_as(got)] == 0).all())
+    assert_matches_the_paper(case, got, clean_q, k, lens, q_valid, scale)
 
 
 def test_reference_is_the_float64_formula() -> None:
