@@ -8,6 +8,13 @@ choice, `enable_gqa`), flash-attn's `flash_attn_with_kvcache` when installed, an
 reference. GB/s counts the keys and values of every slot plus query and output (and, for
 `vase+scores`, the fp32 logits and scores it writes and reads).
 
+`vase, S splits` rows time the same kernel with its key splits per (sequence, KV head)
+forced (the heuristic's tiles otherwise; S counts the non-empty splits of whole key blocks
+that 1, 2, 4, ..., 64 requested splits leave), at batches 1, 16 and 64 and the 4-KV-head
+layout: against the `vase` row of the same shape they show what the heuristic's split count
+(recorded in that row's details) leaves on the table. They run last, so that a time-limited
+run keeps the comparisons with the alternatives.
+
 On CUDA every provider is timed as replays of one step captured in a CUDA graph
 (`timing.graph_samples`, L2 flushed before each replay): decode steps run under CUDA graphs
 in generation (`compile_mode="reduce-overhead"`, and transformers' compiled `StaticCache`),
@@ -44,6 +51,12 @@ SHAPES = profiles.pick({
     ],
 })  # fmt: skip
 ALTERNATIVES = ("sdpa", "flash-attn", "reference")
+SPLIT_SHAPES = profiles.pick({
+    "smoke": [CacheShape(TINY, 2, 193)],
+    "gpu": [CacheShape(_QWEN3_8B, batch, 4096) for batch in (1, 16, 64)] + [CacheShape(QWEN3["Qwen3-30B-A3B"], 16, 4096)],
+    "full": [CacheShape(layout, batch, 4096) for layout in QWEN3.values() for batch in BATCH_SIZES],
+})  # fmt: skip
+SPLIT_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 
 _inputs: dict[CacheShape, tuple[torch.Tensor, ...]] = {}
 
@@ -90,7 +103,8 @@ def test_decode_vase(benchmark, roofline, device, shape: CacheShape, with_scores
 
     provider = "vase+scores" if with_scores else "vase"
     compare_to = ALTERNATIVES + (("vase",) if with_scores else ())
-    out = timing.measure(benchmark, step, _record(shape, provider, compare_to, emit_scores=with_scores), graph=True)
+    record = _record(shape, provider, compare_to, emit_scores=with_scores, num_splits=_splits(workspace))
+    out = timing.measure(benchmark, step, record, graph=True)
     assert torch.isfinite(out).all()
     if with_scores:
         # One more step into cleared scores adds one unit of probability per query head of the group.
@@ -98,6 +112,11 @@ def test_decode_vase(benchmark, roofline, device, shape: CacheShape, with_scores
         step()
         sums = scores.sum(dim=-1)
         torch.testing.assert_close(sums, torch.full_like(sums, float(layout.group)), rtol=1e-3, atol=0)
+
+
+def _splits(workspace) -> int:
+    """The key splits per (sequence, KV head) a decode workspace was sized for."""
+    return workspace.part_lse.shape[-1]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
@@ -125,3 +144,27 @@ def test_decode_reference(benchmark, roofline, device, shape: CacheShape):
     call = lambda: reference.decode_attention(q, k_cache, v_cache, cache_lens, scale=scale)  # noqa: E731
     out = timing.measure(benchmark, call, _record(shape, "reference"), graph=True)
     torch.testing.assert_close(out.float(), _expected(shape, device), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("requested", SPLIT_COUNTS, ids=[f"splits{count}" for count in SPLIT_COUNTS])
+@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=[s.name for s in SPLIT_SHAPES])
+def test_decode_vase_splits(benchmark, roofline, device, shape: CacheShape, requested: int):
+    q, k_cache, v_cache, cache_lens = decode_inputs(shape, device)
+    layout = shape.layout
+    scale = 1.0 / math.sqrt(layout.head_dim)
+    workspace = decode_workspace(layout.q_heads, k_cache, q.dtype, emit_scores=False, num_splits=requested)
+    splits = _splits(workspace)  # whole key blocks per split: fewer may be non-empty than requested
+    fewer = [count for count in SPLIT_COUNTS if count < requested]
+    if any(_splits(decode_workspace(layout.q_heads, k_cache, q.dtype, emit_scores=False, num_splits=count)) == splits
+           for count in fewer):  # fmt: skip
+        pytest.skip(f"{requested} splits requested leave {splits} non-empty, as a smaller request does")
+
+    def step() -> torch.Tensor:
+        return decode_attention_triton(
+            q, k_cache, v_cache, cache_lens, scale, None, num_splits=requested, workspace=workspace
+        )
+
+    record = _record(shape, f"vase, {splits} split{'' if splits == 1 else 's'}", ("vase",), num_splits=splits)
+    out = timing.measure(benchmark, step, record, graph=True)
+    expected = reference.decode_attention(q, k_cache, v_cache, cache_lens, scale=scale)
+    torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)

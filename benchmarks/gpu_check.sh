@@ -21,7 +21,8 @@
 #   CUDA tests                         140  (limit; 8 processes: ~130 s on an H200, 16 were no faster)
 #   autotuning                          60  (limit) Qwen3-8B decode-time kernels, batch 16, budget 4096:
 #                                           the default-vs-tuned table and the stored file
-#   attention benchmarks                60  (limit) prefill + decode; roofline measured in the session
+#   attention benchmarks                60  (limit) prefill + decode (last, decode at forced split counts);
+#                                           roofline measured in the session
 #   eviction benchmarks                 60  (limit) eviction per policy, a vase eviction's two parts,
 #                                           emitted-mode eviction, score modes
 #   decode step profile                 60  (limit) host against device time of each end-to-end
