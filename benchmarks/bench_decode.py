@@ -152,11 +152,13 @@ def test_decode_vase_splits(benchmark, roofline, device, shape: CacheShape, requ
     q, k_cache, v_cache, cache_lens = decode_inputs(shape, device)
     layout = shape.layout
     scale = 1.0 / math.sqrt(layout.head_dim)
-    workspace = decode_workspace(layout.q_heads, k_cache, q.dtype, emit_scores=False, num_splits=requested)
-    splits = _splits(workspace)  # whole key blocks per split: fewer may be non-empty than requested
-    fewer = [count for count in SPLIT_COUNTS if count < requested]
-    if any(_splits(decode_workspace(layout.q_heads, k_cache, q.dtype, emit_scores=False, num_splits=count)) == splits
-           for count in fewer):  # fmt: skip
+    forced = {  # whole key blocks per split: fewer splits may be non-empty than requested
+        count: decode_workspace(layout.q_heads, k_cache, q.dtype, emit_scores=False, num_splits=count)
+        for count in SPLIT_COUNTS if count <= requested
+    }  # fmt: skip
+    workspace = forced.pop(requested)
+    splits = _splits(workspace)
+    if any(_splits(smaller) == splits for smaller in forced.values()):
         pytest.skip(f"{requested} splits requested leave {splits} non-empty, as a smaller request does")
 
     def step() -> torch.Tensor:

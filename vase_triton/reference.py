@@ -174,6 +174,16 @@ def _softmax_and_lse(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return weights.div_(total.clamp_min(torch.finfo(logits.dtype).tiny)), lse
 
 
+def _is_finite(tensor: torch.Tensor) -> bool:
+    """Whether no element of `tensor` is NaN or inf, read on the host (free on a CPU).
+
+    It checks the sum's finiteness, which NaN and inf anywhere reach: two ops, 5 µs at a small
+    decode step's shape, where `isfinite(...).all()` takes 37. A sum that overflows only
+    answers False, which sends the caller down its slower exact path.
+    """
+    return math.isfinite(tensor.sum().item())
+
+
 def _readable_values(v: torch.Tensor, kv_lens: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     """`v` `[B, Hkv, Tk, D]` (values, or keys) as `dtype`, the slots at or past `kv_lens[b]` zeroed: they are never
     read, and a zero probability times NaN or inf garbage there would still be NaN. One copy:
@@ -192,15 +202,12 @@ def _attend_values(probs: torch.Tensor, v: torch.Tensor, kv_lens: Optional[torch
     Unread slots have probability 0, and 0 times a finite value is 0, so the plain product
     is exact unless an unread slot holds NaN or inf. On a CPU the product is checked (a
     host read, free there) and redone over values zeroed past `kv_lens` only when it is not
-    finite: zeroing copies the whole cache, which there takes several times the product.
-    The check is the sum's finiteness, which NaN and inf anywhere reach: two ops, 5 µs at a
-    small decode step's shape, where `isfinite(...).all()` takes 37. A sum that overflows
-    only sends the product down the zeroing path. Elsewhere the values are always zeroed, as
-    a check would wait for the device.
+    finite (`_is_finite`): zeroing copies the whole cache, which there takes several times
+    the product. Elsewhere the values are always zeroed, as a check would wait for the device.
     """
     if kv_lens is not None and v.device.type == "cpu":
         out = _grouped_matmul(probs, v.to(probs.dtype))
-        if math.isfinite(out.sum().item()):
+        if _is_finite(out):
             return out
     return _grouped_matmul(probs, _readable_values(v, kv_lens, probs.dtype))
 
@@ -358,7 +365,7 @@ def _fused_prefill(
         return out, lse
 
     out, lse = attend(k.float(), v.float())
-    if not math.isfinite(out.sum().item()):
+    if not _is_finite(out):
         out, lse = attend(_readable_values(k, lens, torch.float32), _readable_values(v, lens, torch.float32))
     # A query's visible keys are a prefix: it sees none when it does not see key 0.
     sees_none = ~_visible_keys(q_len, 1, lens, causal).view(batch, 1, q_len)
@@ -450,7 +457,7 @@ def _fused_decode_output(
     the slots at or past `cache_lens[b]` masked, computed in `decode_attention`'s precision
     (float32, float64 for float64). A masked slot still multiplies its zero probability by
     its key and value, so NaN or inf garbage there would reach the output: when the output
-    is not finite (its sum's check, as `_attend_values`'s), the attention is redone over keys
+    is not finite (`_is_finite`), the attention is redone over keys
     and values zeroed past `cache_lens`, which gives rows without garbage bit for bit the
     same output. With `full_rows` (every `cache_lens[b]` equals C, as at batch 1) no slot is
     masked, so neither the mask nor the check is needed. At the CPU benchmark's decode shape
@@ -475,7 +482,7 @@ def _fused_decode_output(
         return out.view(batch, q_heads, 1, head_dim).to(q.dtype)
     visible = torch.arange(capacity).view(1, 1, 1, capacity) < cache_lens.view(batch, 1, 1, 1)  # [B, 1, 1, C]
     out = attend(grouped, k_cache.to(acc), v_cache.to(acc), attn_mask=visible, scale=scale)  # [B, Hkv, group, D]
-    if not math.isfinite(out.sum().item()):
+    if not _is_finite(out):
         keys, values = (_readable_values(cache, cache_lens, acc) for cache in (k_cache, v_cache))
         out = attend(grouped, keys, values, attn_mask=visible, scale=scale)
     return out.view(batch, q_heads, 1, head_dim).to(q.dtype)
