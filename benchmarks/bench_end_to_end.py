@@ -31,7 +31,7 @@ import pytest
 from torch._dynamo.utils import counters
 
 from benchmarks import profiles, timing
-from benchmarks.decoding import HF_DYNAMIC, HF_DYNAMIC_NO_CUDNN, HF_STATIC, DecodeSetting
+from benchmarks.decoding import FULL_CACHE_PROMPT_CHUNK, HF_DYNAMIC, HF_DYNAMIC_NO_CUDNN, HF_STATIC, DecodeSetting
 from benchmarks.decoding import build_model, generate_timed, model_dtype, vase_method
 from benchmarks.records import Record
 from benchmarks.shapes import BUDGETS, GENERATED_LENGTHS, QWEN3, SMALL, TINY
@@ -50,18 +50,20 @@ KERNEL = "greedy decode vs generated length"
 SETTING, METHODS = profiles.pick({
     "smoke": (
         DecodeSetting(TINY, 2, batch=2, prompt_tokens=16, new_tokens=160, checkpoints=(32, 64, 128, 160),
-                      sample_steps=16),
+                      sample_steps=16, prompt_chunk=64),
         [HF_DYNAMIC, HF_DYNAMIC_NO_CUDNN, HF_STATIC, vase_method(32)],
     ),
     "gpu": (
         DecodeSetting(QWEN3["Qwen3-8B"], 4, batch=16, prompt_tokens=256, new_tokens=16384,
-                      checkpoints=GENERATED_LENGTHS[:5], time_limit_s=45.0, sample_steps=128),
+                      checkpoints=GENERATED_LENGTHS[:5], time_limit_s=45.0, sample_steps=128,
+                      prompt_chunk=FULL_CACHE_PROMPT_CHUNK),
         # VaSE first: a run cut at gpu_check's deadline keeps it; the slowest full cache last.
         [vase_method(2048), HF_STATIC, HF_DYNAMIC_NO_CUDNN, HF_DYNAMIC],
     ),
     "deep": (
         DecodeSetting(QWEN3["Qwen3-8B"], QWEN3["Qwen3-8B"].num_layers, batch=16, prompt_tokens=256,
-                      new_tokens=16384, checkpoints=(16384,), time_limit_s=60.0, sample_steps=128),
+                      new_tokens=16384, checkpoints=(16384,), time_limit_s=60.0, sample_steps=128,
+                      prompt_chunk=FULL_CACHE_PROMPT_CHUNK),
         [vase_method(2048), HF_STATIC, HF_DYNAMIC_NO_CUDNN],
     ),
     "full": (

@@ -25,7 +25,7 @@ import pytest
 
 from benchmarks import profiles, timing
 from benchmarks.decoding import HF_DYNAMIC_NO_CUDNN, DecodeSetting, build_model, estimated_decode_seconds, generate_timed
-from benchmarks.decoding import model_dtype, vase_method
+from benchmarks.decoding import FULL_CACHE_PROMPT_CHUNK, model_dtype, vase_method
 from benchmarks.records import Record
 from benchmarks.shapes import QWEN3, TINY
 
@@ -42,12 +42,14 @@ PAPER = {"vase-4096": (333.4, 39.6), "vase-dkv-2048": (410.9, 33.9)}
 
 SETTING, METHODS = profiles.pick({
     "smoke": (
-        DecodeSetting(TINY, 2, batch=2, prompt_tokens=16, new_tokens=96, checkpoints=(16, 48, 96), sample_steps=16),
+        DecodeSetting(TINY, 2, batch=2, prompt_tokens=16, new_tokens=96, checkpoints=(16, 48, 96), sample_steps=16,
+                       prompt_chunk=32),
         [FULL_CACHE, vase_method(48), vase_method(32, "vase-dkv")],
     ),
     "gpu": (
         DecodeSetting(QWEN3["Qwen3-14B"], QWEN3["Qwen3-14B"].num_layers, batch=16, prompt_tokens=256,
-                      new_tokens=16384, checkpoints=(64, 2048, 4096, 8192, 12288, 16384), sample_steps=64),
+                      new_tokens=16384, checkpoints=(64, 2048, 4096, 8192, 12288, 16384), sample_steps=64,
+                      prompt_chunk=FULL_CACHE_PROMPT_CHUNK),
         [vase_method(4096), vase_method(2048, "vase-dkv"), FULL_CACHE],
     ),
     "full": (

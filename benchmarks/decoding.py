@@ -28,7 +28,11 @@ the same as after generating the length: a `DynamicCache` holds as many tokens, 
 would have been). Its first eviction comes at the `window + 1`-th decode step, so the timed
 steps, from the second on, span whole eviction periods when `sample_steps` is a multiple of
 `window`. So a GPU session reaches the 16k-token point in seconds where decoding to it
-takes minutes per method.
+takes minutes per method. A full cache stores a prompt longer than the setting's
+`prompt_chunk` in forward passes of that many tokens before `generate`
+(`Prepared.fill_prompt`): a whole prefill of a batch of 16 at 16k tokens needs, by our
+count, about 104 GiB with its cache and weights at Qwen3-14B and 78 GiB at Qwen3-8B's full
+depth, more than or all of an H100's memory. No timed step changes.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ CURVE_SPAN = 256
 WARMUP_STEPS = 8
 # Tokens of a sampled length's run before its timed steps: the prefill's and one decode step's.
 UNTIMED_SAMPLED_TOKENS = 2
+# Tokens per row of a forward pass that stores a full cache's long sampled prompt (`Prepared.fill_prompt`).
+FULL_CACHE_PROMPT_CHUNK = 2048
 
 
 @dataclass(frozen=True)
@@ -112,8 +118,13 @@ class DecodeSetting:
     checkpoints: tuple[int, ...]
     time_limit_s: Optional[float] = None
     sample_steps: Optional[int] = None  # measure each checkpoint on its own with this many timed steps
+    # A full cache (transformers') takes a longer prompt in eager forward passes of this many tokens
+    # before `generate` (`Prepared.generate`); None: `generate` prefills it whole.
+    prompt_chunk: Optional[int] = None
 
     def __post_init__(self) -> None:
+        if self.prompt_chunk is not None and not (type(self.prompt_chunk) is int and self.prompt_chunk > 0):
+            raise ValueError(f"prompt_chunk: expected a positive number of tokens or None; got {self.prompt_chunk!r}")
         if self.sample_steps is None:
             return
         shortest = min(self.checkpoints)
@@ -404,10 +415,34 @@ class Prepared:
     setting: DecodeSetting
 
     def generate(self, model, max_new_tokens: int, **kwargs):
+        """Greedy `generate` from the prompts into the (empty) cache; a full cache takes a prompt longer
+        than `setting.prompt_chunk` in chunks first (`fill_prompt`)."""
         with _sdpa_backends(self.method.sdpa_backends):
+            self.fill_prompt(model)
             return model.generate(
                 **self.inputs, max_new_tokens=max_new_tokens, do_sample=False, **{self.argument: self.cache}, **kwargs
             )
+
+    def fill_prompt(self, model) -> None:
+        """Store all of a prompt longer than `setting.prompt_chunk` but its last token in a full cache, by
+        eager forward passes of `prompt_chunk` tokens; `generate` then prefills the last token alone.
+
+        A whole prefill's activations grow with batch x prompt: at batch 16 a 16k-token prompt
+        needs about 36 GiB of them at Qwen3-14B (counted: the MLP's three intermediate tensors
+        and four query-sized ones), next to 28 GiB of weights and 41 GiB of cache; in passes of
+        2,048 tokens, 4.4 GiB. The cache ends up holding the same tokens, and no timed step
+        changes. A VaSE cache takes its prompt in chunks itself (`prefill_chunk_size`).
+        """
+        chunk = self.setting.prompt_chunk
+        if self.method.cache == "vase" or chunk is None or self.inputs["input_ids"].shape[1] <= chunk:
+            return
+        input_ids = self.inputs["input_ids"]
+        stored = input_ids.shape[1] - 1
+        for start in range(0, stored, chunk):
+            end = min(start + chunk, stored)
+            with torch.no_grad():  # as `generate` runs
+                model(input_ids=input_ids[:, start:end], attention_mask=self.inputs["attention_mask"][:, :end],
+                      use_cache=True, logits_to_keep=1, **{self.argument: self.cache})  # fmt: skip
 
     def empty_cache(self, model) -> None:
         """Start the next `generate` from an empty cache: a new `DynamicCache`, else the same buffers reset."""
@@ -520,10 +555,14 @@ def generate_sampled(model, method: Method, setting: DecodeSetting, device: torc
 
 def _trace_details(model, method: Method, setting: DecodeSetting, device: torch.device, ready: Prepared) -> dict:
     """What a trace states beside its timings (the report reads `batch` and `weight_bytes`)."""
-    return {
+    details = {
         "batch": setting.batch,
         "method": method.describe(device),
         "weights": weights_description(),
         "weight_bytes": weight_bytes_per_step(model),
         "warmup_tokens": ready.warmup,
     }
+    if method.cache != "vase" and setting.prompt_chunk is not None:
+        details["prompt_fill"] = (f"a prompt over {setting.prompt_chunk:,} tokens: eager forward passes of "
+                                  f"{setting.prompt_chunk:,} tokens, then generate from its last token (untimed)")  # fmt: skip
+    return details

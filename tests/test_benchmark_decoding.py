@@ -305,6 +305,40 @@ def test_the_shortest_sampled_prompt_keeps_a_token():
         tiny_setting(prompt_tokens=2, sample_steps=32)
 
 
+@pytest.mark.parametrize("method", [decoding.HF_DYNAMIC, decoding.HF_STATIC, decoding.vase_method(32)], ids=lambda method: method.name)
+def test_a_full_cache_takes_a_long_prompt_in_chunks_and_generates_what_one_prefill_gives(tiny_model, method, monkeypatch):
+    """With `prompt_chunk` 8, a full cache stores a 30-token prompt but its last token in forward passes
+    of 8, 8, 8 and 5 tokens; `generate` then prefills the last token, and the greedy tokens and their
+    logits are those of one whole prefill. A VaSE cache takes the prompt whole (it chunks it itself)."""
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    lengths = []
+    hook = tiny_model.model.embed_tokens.register_forward_hook(
+        lambda module, args, embedded: lengths.append(embedded.shape[1])  # tokens of each forward pass
+    )
+    outputs = {}
+    try:
+        for chunk in (None, 8):
+            setting = tiny_setting(prompt_tokens=30, new_tokens=5, checkpoints=(5,), prompt_chunk=chunk)
+            with decoding.prepared(tiny_model, method, setting, torch.device("cpu"), warmup=1) as ready:
+                lengths.clear()
+                outputs[chunk] = ready.generate(tiny_model, 5, return_dict_in_generate=True, output_logits=True)
+                outputs[chunk].lengths = list(lengths)
+    finally:
+        hook.remove()
+
+    whole, chunked = outputs[None], outputs[8]
+    assert whole.lengths == [30, 1, 1, 1, 1]
+    assert chunked.lengths == (whole.lengths if method.cache == "vase" else [8, 8, 8, 5, 1, 1, 1, 1, 1])
+    assert torch.equal(chunked.sequences, whole.sequences)
+    torch.testing.assert_close(torch.stack(chunked.logits), torch.stack(whole.logits), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [0, -4, True, 2.0])
+def test_a_prompt_chunk_must_be_a_positive_number_of_tokens(chunk):
+    with pytest.raises(ValueError, match=rf"prompt_chunk: expected a positive number of tokens or None; got {chunk!r}"):
+        tiny_setting(prompt_chunk=chunk)
+
+
 def sampled_points(step_at, lengths, batch=BATCH):
     """Curve points whose mean step time at each length is `step_at(length)`."""
     return [decoding.CurvePoint(n, step_at(n), batch / step_at(n), 1) for n in lengths]
