@@ -5,7 +5,8 @@ after the first token, CUDA events) and peak allocated memory. Full cache
 (`transformers` `DynamicCache`, SDPA kept off cuDNN) against `vase` at budget 4096 and `vase-dkv` at budget
 2048, on the Qwen3-14B configuration with random weights unless `VASE_BENCH_CHECKPOINT`
 names a local Qwen3-14B checkpoint: throughput does not depend on the weights. The paper (Qwen3-14B,
-one GPU) reports 132.9 / 333.4 / 410.9 tokens/s and 68.7 / 39.6 / 33.9 GB.
+one GPU) reports 132.9 / 333.4 / 410.9 tokens/s and 68.7 / 39.6 / 33.9 GB of peak allocated memory,
+in GiB (the authors' throughput script divides `torch.cuda.max_memory_allocated()` by 1024³).
 
 The `full` profile runs the protocol (about 40 minutes on one H200, most of it the full
 cache). The `gpu` profile estimates it in minutes (not among `gpu_check.sh`'s default
@@ -36,7 +37,7 @@ KERNEL = "paper protocol: greedy, decode time only"
 # The full cache: transformers' DynamicCache with SDPA off cuDNN, whose plan per new key
 # length would cost each step more than its attention does on Hopper (`decoding.HF_DYNAMIC_NO_CUDNN`).
 FULL_CACHE = HF_DYNAMIC_NO_CUDNN
-# The paper's Qwen3-14B figures: (tokens/s, peak memory in GB) of its full cache and two VaSE methods.
+# The paper's Qwen3-14B figures: (tokens/s, peak memory in GiB) of its full cache and two VaSE methods.
 PAPER_FULL_CACHE = (132.9, 68.7)
 PAPER = {"vase-4096": (333.4, 39.6), "vase-dkv-2048": (410.9, 33.9)}
 
@@ -93,7 +94,7 @@ def test_paper_throughput(benchmark, device, monkeypatch, model, method):
             "peak_bytes": trace.peak_bytes,
             "kv_bytes": trace.points[-1].kv_bytes,
             "paper_tokens_per_s": paper[0] if paper else None,
-            "paper_peak_gb": paper[1] if paper else None,
+            "paper_peak_gib": paper[1] if paper else None,
         },
     )  # fmt: skip
     timing.record_samples(benchmark, trace.step_seconds, record)

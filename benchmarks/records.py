@@ -45,11 +45,11 @@ def _check(name: str, ok: bool, expected: str, value) -> None:
 # description). Checked on load, so that a hand-edited record is refused, not a traceback mid-report.
 _DETAIL_KINDS = {
     **{name: (lambda v: isinstance(v, str), "a string") for name in
-       ("timing", "score_mode", "method", "curve_measure", "weights")},
+       ("timing", "score_mode", "method", "curve_measure", "weights", "prompt_fill")},
     **{name: (lambda v: is_count(v) and v >= 0, "a count >= 0") for name in ("generated", "kv_bytes", "peak_bytes")},
     **{name: (lambda v: is_count(v) and v > 0, "a positive count") for name in ("weight_bytes", "batch")},
     **{name: (lambda v: _is_finite(v) and v > 0, "a positive number") for name in
-       ("tokens_per_s", "paper_tokens_per_s", "paper_peak_gb")},
+       ("tokens_per_s", "paper_tokens_per_s", "paper_peak_gib")},
     **{name: (lambda v: isinstance(v, bool), "true, false") for name in ("sampled", "time_limited")},
     "estimated_from": (lambda v: isinstance(v, list) and all(is_count(n) for n in v), "a list of token counts"),
 }

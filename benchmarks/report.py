@@ -777,7 +777,7 @@ def _paper_setting(row: Row) -> str:
 
 def paper_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
     header = ["run", "setting", "method", "decode tok/s", "peak memory", "KV cache", "vs full cache",
-              "paper tok/s", "paper GB", "paper vs full cache"]  # fmt: skip
+              "paper tok/s", "paper GiB", "paper vs full cache"]  # fmt: skip
     body = []
     for row in rows:
         details = row.record.details
@@ -798,12 +798,13 @@ def paper_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
             format_bytes(details.get("kv_bytes")),
             NOT_APPLICABLE if is_baseline else format_speedup(vs_full) + (
                 other_run_note(index, row, base) if vs_full else ""),
-            format_number(paper), format_number(details.get("paper_peak_gb")),
+            format_number(paper), format_number(details.get("paper_peak_gib")),
             format_speedup(paper / paper_base) if paper and paper_base and not is_baseline else NOT_APPLICABLE,
         ])  # fmt: skip
     lines = ["## the paper's throughput protocol", ""]
     lines += ["The paper's setting is batch 16, 256 prompt tokens, 16,384 new tokens, greedy, decode time "
-              "only, Qwen3-14B on one GPU; its figures are shown next to runs of that setting. Weights: "
+              "only, Qwen3-14B on one GPU; its figures are shown next to runs of that setting (its memory in GiB: "
+              "the authors' throughput script divides the peak allocated bytes by 1024³). Weights: "
               f"{rows[0].record.details.get('weights', ABSENT)}.", ""]  # fmt: skip
     return lines + _table(header, body, right_from=3)
 

@@ -456,13 +456,18 @@ def test_paper_rows_say_when_they_are_estimated(tmp_path):
         (Record(*kernel, full, shape, details={**sampled, "tokens_per_s": 120.0, "paper_tokens_per_s": 132.9}),
          [0.1, 0.1, 0.1]),
         (Record(*kernel, "vase-4096", shape, compare_to=(full,),
-                details={**sampled, "tokens_per_s": 300.0, "paper_tokens_per_s": 333.4}), [0.05, 0.05, 0.05]),
+                details={**sampled, "tokens_per_s": 300.0, "paper_tokens_per_s": 333.4, "paper_peak_gib": 39.6,
+                         "peak_bytes": int(39.6 * 2**30)}), [0.05, 0.05, 0.05]),
     ]  # fmt: skip
     text = report.render(report.load_runs([write_synthetic(tmp_path / "paper.json", rows)]), None, 0.05, [])
     line = next(line for line in text.splitlines() if "| vase-4096 |" in line)
     cells = [cell.strip() for cell in line.strip("|").split("|")]
     assert cells[1] == f"{shape} · 16,384 new tokens (estimated from step times at 64, 8,192, 16,384 tokens)"
     assert cells[3] == "300.0" and cells[6] == "2.50x" and cells[9] == "2.51x"
+    # The paper's memory is in GiB, as the authors' script divides by 1024³: the same unit as ours.
+    header = next(line for line in text.splitlines() if "| paper tok/s |" in line)
+    assert [cell.strip() for cell in header.strip("|").split("|")][4::4] == ["peak memory", "paper GiB"]
+    assert cells[4] == "39.60 GiB" and cells[8] == "39.6"
     full_line = next(line for line in text.splitlines() if f"| {full} |" in line)
     assert [cell.strip() for cell in full_line.strip("|").split("|")][6] == "—"
 
