@@ -33,7 +33,7 @@ from benchmarks import profiles, providers, timing
 from benchmarks.records import COPY, DECODE_KERNEL, DECODE_SUITE, Record
 from benchmarks.shapes import BATCH_SIZES, BUDGETS, QWEN3, TINY, CacheShape
 from vase_triton import reference
-from vase_triton.kernels.decode_attention import decode_attention_triton, decode_workspace
+from vase_triton.kernels.decode_attention import decode_attention_triton, decode_splits, decode_workspace
 
 pytestmark = timing.REPLAYED
 
@@ -152,14 +152,13 @@ def test_decode_vase_splits(benchmark, roofline, device, shape: CacheShape, requ
     q, k_cache, v_cache, cache_lens = decode_inputs(shape, device)
     layout = shape.layout
     scale = 1.0 / math.sqrt(layout.head_dim)
-    forced = {  # whole key blocks per split: fewer splits may be non-empty than requested
-        count: decode_workspace(layout.q_heads, k_cache, q.dtype, emit_scores=False, num_splits=count)
-        for count in SPLIT_COUNTS if count <= requested
-    }  # fmt: skip
-    workspace = forced.pop(requested)
-    splits = _splits(workspace)
-    if any(_splits(smaller) == splits for smaller in forced.values()):
+    # Whole key blocks per split: fewer splits may be non-empty than requested.
+    left = {count: decode_splits(layout.q_heads, k_cache, q.dtype, emit_scores=False, num_splits=count)
+            for count in SPLIT_COUNTS if count <= requested}  # fmt: skip
+    splits = left.pop(requested)
+    if splits in left.values():
         pytest.skip(f"{requested} splits requested leave {splits} non-empty, as a smaller request does")
+    workspace = decode_workspace(layout.q_heads, k_cache, q.dtype, emit_scores=False, num_splits=requested)
 
     def step() -> torch.Tensor:
         return decode_attention_triton(

@@ -433,14 +433,13 @@ class Prepared:
         2,048 tokens, 4.4 GiB. The cache ends up holding the same tokens, and no timed step
         changes. A VaSE cache takes its prompt in chunks itself (`prefill_chunk_size`).
         """
-        chunk = self.setting.prompt_chunk
-        if self.method.cache == "vase" or chunk is None or self.inputs["input_ids"].shape[1] <= chunk:
+        chunk, input_ids = self.setting.prompt_chunk, self.inputs.get("input_ids")
+        if self.method.cache == "vase" or chunk is None or input_ids.shape[1] <= chunk:
             return
-        input_ids = self.inputs["input_ids"]
         stored = input_ids.shape[1] - 1
-        for start in range(0, stored, chunk):
-            end = min(start + chunk, stored)
-            with torch.no_grad():  # as `generate` runs
+        with torch.no_grad():  # as `generate` runs
+            for start in range(0, stored, chunk):
+                end = min(start + chunk, stored)
                 model(input_ids=input_ids[:, start:end], attention_mask=self.inputs["attention_mask"][:, :end],
                       use_cache=True, logits_to_keep=1, **{self.argument: self.cache})  # fmt: skip
 

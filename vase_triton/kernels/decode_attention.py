@@ -339,6 +339,22 @@ def _decode_shape(q_heads: int, k_cache: torch.Tensor, dtype: torch.dtype, emit_
     return DecodeShape(batch, q_heads, kv_heads, max(capacity, 1), head_dim, dtype_name(dtype), emit_scores)
 
 
+def decode_splits(
+    q_heads: int,
+    k_cache: torch.Tensor,
+    dtype: torch.dtype,
+    *,
+    emit_scores: bool,
+    num_splits: Optional[int] = None,
+    config: Optional[DecodeConfig] = None,
+) -> int:
+    """Non-empty key splits per (sequence, KV head) a decode call over `k_cache` `[B, Hkv, C, D]`
+    launches: `num_splits` (else the tuned or heuristic count) cut to whole key blocks, so that
+    fewer may remain than asked for. Arguments as `decode_workspace`'s."""
+    shape = _decode_shape(q_heads, k_cache, dtype, emit_scores)
+    return _split_plan(shape, k_cache.device, num_splits, config)[2]
+
+
 def decode_workspace(
     q_heads: int,
     k_cache: torch.Tensor,
@@ -355,8 +371,7 @@ def decode_workspace(
         num_splits, config: as the same arguments of `decode_attention_triton`.
     """
     batch, _, capacity, head_dim = k_cache.shape
-    shape = _decode_shape(q_heads, k_cache, dtype, emit_scores)
-    _, _, splits = _split_plan(shape, k_cache.device, num_splits, config)
+    splits = decode_splits(q_heads, k_cache, dtype, emit_scores=emit_scores, num_splits=num_splits, config=config)
     f32 = dict(dtype=torch.float32, device=k_cache.device)
     return DecodeWorkspace(
         torch.empty((batch, q_heads, splits, head_dim), **f32),
