@@ -320,8 +320,10 @@ def test_refusals_are_clear(model, tokenizer):
         model.generate(**inputs, max_new_tokens=4, num_beams=2, do_sample=False)
     with pytest.raises(ValueError, match="prompt_lookup_num_tokens.*prompt-lookup decoding"):
         model.generate(**inputs, max_new_tokens=4, prompt_lookup_num_tokens=3, do_sample=False)
-    with pytest.raises(ValueError, match="assistant_model.*assisted decoding"):
+    with pytest.raises(ValueError, match="assistant_model.*assisted decoding") as refusal:
         model.generate(**inputs, max_new_tokens=4, assistant_model=tiny_qwen3(seed=3), do_sample=False)
+    assert "got assistant_model=a Qwen3ForCausalLM (" in str(refusal.value)  # its type, not its module tree
+    assert "Qwen3Model(" not in str(refusal.value)
     cache = VaSECache.for_model(model, model._vase_patch_state.config, batch_size=1)
     with pytest.raises(ValueError, match="assistant_early_exit.*early-exit"):
         model.generate(**inputs, max_new_tokens=4, assistant_early_exit=1, do_sample=False, cache=cache)

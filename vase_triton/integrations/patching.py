@@ -386,9 +386,10 @@ def _patched_generate(self, *args, **kwargs):
     for name, (feature, refused) in _REFUSED_GENERATION.items():
         value = _generation_setting(self, kwargs, name)
         if refused(value):
+            given = repr(value) if isinstance(value, (int, float, str)) else f"a {type(value).__name__}"
             raise ValueError(
                 f"{name}: a VaSE cache evicts different tokens per row and cannot roll back, so {feature} is not "
-                f"supported; got {name}={value!r} (unpatch the model, or use plain or sampled decoding)"
+                f"supported; got {name}={given} (unpatch the model, or use plain or sampled decoding)"
             )
     cache_implementation = _generation_setting(self, kwargs, "cache_implementation")
     if cache_implementation is not None:
