@@ -403,6 +403,12 @@ def _sdpa_backends(names: Optional[tuple[str, ...]]):
     return sdpa_kernel([getattr(SDPBackend, name) for name in names])
 
 
+def _full_cache_prompt_chunk(method: Method, setting: DecodeSetting) -> Optional[int]:
+    """Tokens per forward pass in which `Prepared.fill_prompt` stores a long prompt; None where `generate`
+    prefills it whole: a VaSE cache (it chunks its prompt itself) or a setting without `prompt_chunk`."""
+    return None if method.cache == "vase" else setting.prompt_chunk
+
+
 @dataclass
 class Prepared:
     """A method ready to decode: the prompts, its warmed-up (then emptied) cache and the cache keyword."""
@@ -433,8 +439,8 @@ class Prepared:
         2,048 tokens, 4.4 GiB. The cache ends up holding the same tokens, and no timed step
         changes. A VaSE cache takes its prompt in chunks itself (`prefill_chunk_size`).
         """
-        chunk, input_ids = self.setting.prompt_chunk, self.inputs.get("input_ids")
-        if self.method.cache == "vase" or chunk is None or input_ids.shape[1] <= chunk:
+        chunk, input_ids = _full_cache_prompt_chunk(self.method, self.setting), self.inputs.get("input_ids")
+        if chunk is None or input_ids.shape[1] <= chunk:
             return
         stored = input_ids.shape[1] - 1
         with torch.no_grad():  # as `generate` runs
@@ -561,7 +567,8 @@ def _trace_details(model, method: Method, setting: DecodeSetting, device: torch.
         "weight_bytes": weight_bytes_per_step(model),
         "warmup_tokens": ready.warmup,
     }
-    if method.cache != "vase" and setting.prompt_chunk is not None:
-        details["prompt_fill"] = (f"a prompt over {setting.prompt_chunk:,} tokens: eager forward passes of "
-                                  f"{setting.prompt_chunk:,} tokens, then generate from its last token (untimed)")  # fmt: skip
+    chunk = _full_cache_prompt_chunk(method, setting)
+    if chunk is not None:
+        details["prompt_fill"] = (f"a prompt over {chunk:,} tokens: eager forward passes of "
+                                  f"{chunk:,} tokens, then generate from its last token (untimed)")  # fmt: skip
     return details
