@@ -679,10 +679,89 @@ def test_a_step_that_fails_after_layers_stored_is_refused_until_reset(model, tok
     with pytest.raises(KeyboardInterrupt):
         model(**inputs, cache=cache)
     hook.remove()
-    with pytest.raises(RuntimeError, match="failed after 2 of 2 layers stored its tokens.*call cache.reset"):
+    with pytest.raises(RuntimeError, match="failed after 2 of 2 layers began to store its tokens.*call cache.reset"):
         model(**inputs, cache=cache)
     cache.reset()
     torch.testing.assert_close(model(**inputs, cache=cache).logits, want, rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+def test_a_turn_that_fails_inside_the_first_layer_after_it_stored_is_refused_until_reset(model, tokenizer, monkeypatch):
+    """Out of memory in the first layer's attention, after that layer appended the turn's tokens:
+    the other layers hold none of them, so the next use is refused, not run on disagreeing layers."""
+    config = VaSEConfig(policy="snapkv", budget=64, window=8)  # 45 + 15 tokens fit: the turn is appended in place
+    vase_triton.patch_qwen3(model, config)
+    prompt, turn = tokenizer(PROMPTS[:1])["input_ids"], tokenizer(TURNS[:1])["input_ids"]
+    cache = VaSECache.for_model(model, config, batch_size=1)
+    model(input_ids=prompt, cache=cache)
+    before = _cache_state(cache)
+    attention = vase_triton.cache.prefill_attention
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("out of memory")
+
+    monkeypatch.setattr(vase_triton.cache, "prefill_attention", out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError):
+        model(input_ids=turn, cache=cache)
+    monkeypatch.setattr(vase_triton.cache, "prefill_attention", attention)
+    assert [store.lengths.tolist() for store in cache.stores] == [[60], [45]]  # the first layer stored, then failed
+    with pytest.raises(RuntimeError, match="failed after 1 of 2 layers began to store its tokens"):
+        model(input_ids=turn, cache=cache)
+    cache.reset()
+    model(input_ids=prompt, cache=cache)
+    assert _cache_state(cache) == before
+
+
+@torch.no_grad()
+def test_an_eviction_that_fails_before_a_decode_step_is_refused_until_reset(model, tokenizer, monkeypatch):
+    """The layers evict one after another before a decode step: one failing after the first evicted
+    leaves them out of step, so the next use is refused."""
+    config = VaSEConfig(policy="snapkv", budget=24, window=8)
+    vase_triton.patch_qwen3(model, config)
+    inputs = tokenizer(PROMPTS[:1])  # 45 tokens, compressed at prefill to the budget
+    cache = VaSECache.for_model(model, config, batch_size=1)
+    token = model(**inputs, cache=cache).logits[:, -1:].argmax(-1)
+    for _ in range(config.window):  # fill the layers to budget + window, so the next step evicts
+        token = model(input_ids=token, cache=cache).logits[:, -1:].argmax(-1)
+    evictions = cache.n_evictions
+
+    def out_of_memory():
+        raise torch.OutOfMemoryError("out of memory")
+
+    monkeypatch.setattr(cache.stores[1], "evict", out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError):
+        model(input_ids=token, cache=cache)
+    assert cache.stores[0].n_evictions == evictions + 1 and cache.stores[1].n_evictions == evictions
+    with pytest.raises(RuntimeError, match="an eviction before a decode step failed partway.*call cache.reset"):
+        model(input_ids=token, cache=cache)
+
+
+@torch.no_grad()
+def test_an_input_in_chunks_that_fails_after_its_first_chunk_is_refused_until_reset(model, tokenizer):
+    """A 45-token prompt stored in chunks of 8 whose third chunk fails before any layer stores it:
+    the cache holds the first two chunks of a prompt the call did not take, so the next use is
+    refused (a retry would store them twice)."""
+    ids = tokenizer(PROMPTS[:1])["input_ids"]
+    want = model(input_ids=ids).logits
+    config = FULL.replace(prefill_chunk_size=8)
+    vase_triton.patch_qwen3(model, config)
+    cache = VaSECache.for_model(model, config, batch_size=1, max_length=64)
+    calls = []
+
+    def third_call_interrupted(*_):
+        calls.append(None)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    hook = model.model.embed_tokens.register_forward_pre_hook(third_call_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        model(input_ids=ids, cache=cache)
+    hook.remove()
+    assert cache.seen_tokens == 16
+    with pytest.raises(RuntimeError, match="a forward pass of 45 tokens failed after 2 of its 6 chunks were stored"):
+        model(input_ids=ids, cache=cache)
+    cache.reset()
+    torch.testing.assert_close(model(input_ids=ids, cache=cache).logits, want, rtol=1e-4, atol=1e-4)
 
 
 @torch.no_grad()

@@ -405,6 +405,19 @@ class VaSECacheLayer:
         Returns:
             `[B, Hq, T, D]` attention output (zeros for pad queries of empty rows).
         """
+        self.check_extend(query, key, value, scale=scale, valid_lengths=valid_lengths)
+        return self.extend_checked(query, key, value, scale=scale, valid_lengths=valid_lengths)
+
+    def check_extend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        *,
+        scale: float,
+        valid_lengths: Optional[torch.Tensor] = None,
+    ) -> None:
+        """Raise unless `extend` takes these inputs; changes nothing."""
         new_tokens = self.check_inputs(query, key, value, scale)
         if valid_lengths is not None:
             check_lengths("valid_lengths", valid_lengths, self.batch_size, 0, new_tokens)
@@ -419,6 +432,19 @@ class VaSECacheLayer:
                     f"{valid_lengths.tolist()} for rows holding {self.tensors.lengths.tolist()} tokens"
                 )
         self.check_room(new_tokens)
+
+    def extend_checked(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        *,
+        scale: float,
+        valid_lengths: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """`extend` of inputs that `check_extend` accepted: from here on the layer changes, so a
+        failure (out of memory, an interrupt) may leave it holding part of the new tokens."""
+        new_tokens = key.shape[2]
         self.use_query_heads(query.shape[1])
         self.scale = float(scale)
         outputs = []

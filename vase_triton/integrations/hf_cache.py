@@ -267,9 +267,9 @@ class VaSECache(Cache):
         self._mask_placeholders: dict[torch.device, torch.Tensor] = {}
         self.eviction_graph: Optional[EvictionGraph] = None  # made at the first graph-replayed eviction
         self._checked_model: Optional[weakref.ref] = None  # a weak reference: a cache does not keep its model alive
-        # Layers that stored the open step's tokens, counted when the step runs eagerly: a
-        # decode step refused before the first one stored is taken back whole (`abort_step`).
-        self._layers_stored = 0
+        # Layers that began to store the open step's tokens, counted when the step runs eagerly:
+        # a decode step refused before the first one began is taken back whole (`abort_step`).
+        self._layers_storing = 0
         # Why the layers disagree on what they hold (a step failed after some of them stored), or None.
         self._broken: Optional[str] = None
 
@@ -386,7 +386,7 @@ class VaSECache(Cache):
         self.check_usable()
         self.check_mask_layout(num_new_tokens, attention_mask)
         self.step_valid_lengths = None
-        self._layers_stored = 0
+        self._layers_storing = 0
         self.is_decode_step = num_new_tokens == 1 and self.seen_tokens > 0
         if self.is_decode_step:
             self._scratch.release()
@@ -396,12 +396,16 @@ class VaSECache(Cache):
                         f"max_length: the {store.config.policy!r} cache holds {store.capacity} tokens and is full; "
                         "create it with a larger max_length"
                     )
-            if graph_evictions and all(store.length_bound >= store.capacity for store in self.stores):
-                graph = self._eviction_graph()
-                if graph is not None:
-                    graph.run()
-            for store in self.stores:
-                store.prepare_decode_step()
+            try:
+                if graph_evictions and all(store.length_bound >= store.capacity for store in self.stores):
+                    graph = self._eviction_graph()
+                    if graph is not None:
+                        graph.run()
+                for store in self.stores:
+                    store.prepare_decode_step()
+            except BaseException:
+                self.refuse_until_reset("an eviction before a decode step failed partway")
+                raise
         else:
             self.step_valid_lengths = self._valid_lengths(num_new_tokens, attention_mask)
         self.in_step = True
@@ -415,27 +419,34 @@ class VaSECache(Cache):
     def abort_step(self, *, ran_eagerly: bool = True) -> None:
         """Close the open step without counting its tokens (its forward pass raised).
 
-        A decode step that ran eagerly and was refused before any layer stored its token is
-        taken back whole: the layers' counts return to where they were, so the next step
-        runs as this one would have (an eviction that fell due here has run; it is the one
-        the next step would run). A step that failed after a layer stored, or a compiled step
-        (whose progress the host does not see), leaves the cache refused until `reset()`.
+        A decode step that ran eagerly and was refused before any layer began to store its
+        token is taken back whole: the layers' counts return to where they were, so the next
+        step runs as this one would have (an eviction that fell due here has run; it is the one
+        the next step would run). A step that failed after a layer began to store, or a compiled
+        step (whose progress the host does not see), leaves the cache refused until `reset()`.
         """
-        if self.in_step and self.is_decode_step and ran_eagerly and self._layers_stored == 0:
+        if self.in_step and self.is_decode_step and ran_eagerly and self._layers_storing == 0:
             for store in self.stores:
                 store.cancel_decode_step()
-        elif self.in_step and ran_eagerly and self._layers_stored > 0:
-            self._broken = (
-                f"a forward pass failed after {self._layers_stored} of {len(self.stores)} layers stored its tokens"
+        elif self.in_step and ran_eagerly and self._layers_storing > 0:
+            self.refuse_until_reset(
+                f"a forward pass failed after {self._layers_storing} of {len(self.stores)} layers began to store its "
+                "tokens"
             )
         elif self.in_step and not ran_eagerly:
-            self._broken = "a compiled decode step failed, and which layers stored its token is not known"
+            self.refuse_until_reset("a compiled decode step failed, and which layers stored its token is not known")
         self._close_step()
+
+    def refuse_until_reset(self, reason: str) -> None:
+        """Refuse every later use of the cache until `reset()`: `reason` says how its layers came to
+        disagree on what they hold (the first reason given is kept)."""
+        if self._broken is None:
+            self._broken = reason
 
     def _close_step(self) -> None:
         self.in_step = False
         self.step_valid_lengths = None
-        self._layers_stored = 0
+        self._layers_storing = 0
 
     def _eviction_graph(self) -> Optional[EvictionGraph]:
         """The cache's `EvictionGraph`, or None when its layers cannot replay evictions from one graph."""
@@ -526,15 +537,15 @@ class VaSECache(Cache):
         if self.is_decode_step:
             store.check_inputs(query, key, value, scale)  # shapes and dtypes only: free once traced
             if not torch.compiler.is_compiling():
-                self._layers_stored += 1
+                self._layers_storing += 1
             return store.decode_step(query, key, value, scale=scale)
         valid = self.step_valid_lengths
         if valid is not None and valid.device != store.device:
             valid = valid.to(store.device)
-        output = store.extend(query, key, value, scale=scale, valid_lengths=valid)
+        store.check_extend(query, key, value, scale=scale, valid_lengths=valid)
         if not torch.compiler.is_compiling():
-            self._layers_stored += 1
-        return output
+            self._layers_storing += 1  # counted before it stores: a failure inside may leave it holding part
+        return store.extend_checked(query, key, value, scale=scale, valid_lengths=valid)
 
     def reset(self) -> None:
         """Empty every layer without reallocating, ready for a new generation (the prefill scratch,

@@ -246,13 +246,22 @@ def _patched_forward(self, *args, **kwargs):
     outputs = []
     keep = kwargs.get("logits_to_keep", 0) or 0
     seen = cache.seen_tokens
-    for start, stop in cache.stores[0].chunk_bounds(new_tokens):
+    bounds = cache.stores[0].chunk_bounds(new_tokens)
+    for start, stop in bounds:
         part = _chunk_kwargs(kwargs, new_tokens, seen, start, stop)
         part["return_dict"] = True
         needed = stop - start if keep == 0 else min(stop - start, max(0, keep - (new_tokens - stop)))
         if "logits_to_keep" in inspect.signature(type(self).forward).parameters:
             part["logits_to_keep"] = 0 if needed == stop - start else max(needed, 1)
-        outputs.append((needed, _run_step(self, state, cache, part, stop - start)))
+        try:
+            outputs.append((needed, _run_step(self, state, cache, part, stop - start)))
+        except BaseException:
+            if outputs:  # the cache holds the first chunks of an input the call did not take
+                cache.refuse_until_reset(
+                    f"a forward pass of {new_tokens} tokens failed after {len(outputs)} of its {len(bounds)} "
+                    "chunks were stored"
+                )
+            raise
     joined = _join_chunk_outputs(outputs)
     return joined if return_dict else joined.to_tuple()
 
