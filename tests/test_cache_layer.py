@@ -246,6 +246,42 @@ def test_left_padded_rows_match_unpadded_runs(device, monkeypatch, backend):
         assert bool((layer.positions[b, :, length:] == -1).all())
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("policy", ["snapkv", "vase"])
+def test_padding_that_every_row_has_is_not_counted(device, monkeypatch, policy, backend):
+    """Rows of 30 and 21 tokens padded to 40 (more than C = 32) evict as when padded to 30, their
+    longest row: the columns every row pads are left out, so the prompt is not compressed, and
+    the decode steps evict at the same steps, keeping the same tokens."""
+    if backend == "torch":
+        monkeypatch.setenv("VASE_BACKEND", "torch")
+    config = VaSEConfig(policy=policy, budget=24, window=8, prefill_chunk_size=16, seed=4)
+    longest, wide, steps, head_dim = 30, 40, 12, 32
+    valid = torch.tensor([30, 21], dtype=torch.int32, device=device)
+    query, key, value = (t.to(device) for t in _random_run(2, 4, 2, longest + steps, head_dim, torch.float32, seed=9))
+
+    def run(width):
+        layer = VaSECacheLayer(config, batch_size=2, num_kv_heads=2, head_dim=head_dim, dtype=torch.float32, device=device)
+        padded = [torch.cat([t.new_zeros(*t.shape[:2], width - longest, head_dim), t[:, :, :longest]], dim=2) for t in (query, key, value)]
+        prompt_output = layer.prefill(*padded, scale=0.125, valid_lengths=valid)
+        assert bool((prompt_output[:, :, : width - longest] == 0).all())  # the queries no row holds
+        outputs = [prompt_output[:, :, width - longest :]]
+        states = [(int(layer.n_evictions), layer.lengths.tolist())]
+        for s in range(longest, longest + steps):
+            outputs.append(layer.decode(*(t[:, :, s : s + 1] for t in (query, key, value)), scale=0.125))
+            states.append((int(layer.n_evictions), layer.lengths.tolist()))
+        return layer, outputs, states
+
+    narrow_layer, narrow_outputs, narrow_states = run(longest)
+    wide_layer, wide_outputs, wide_states = run(wide)
+    assert narrow_states[0] == (0, [30, 21])  # the prompt fits C
+    assert wide_states == narrow_states
+    assert sum(evictions > 0 for evictions, _ in narrow_states) > 0  # decoding evicts
+    for narrow, wide in zip(narrow_outputs, wide_outputs):
+        torch.testing.assert_close(wide, narrow, rtol=1e-5, atol=1e-6)
+    for name in ("keys", "values", "positions", "magnitudes"):
+        assert torch.equal(getattr(wide_layer, name), getattr(narrow_layer, name)), name
+
+
 TOLERANCE_CASES = [
     ("vase", torch.float32, None, "torch"),
     ("full", torch.float16, [13, 6], "torch"),

@@ -808,6 +808,27 @@ def test_padding_inside_a_new_turn_is_refused_in_either_mask_form(model, tokeniz
         assert all(torch.equal(store.lengths, before) for store, before in zip(cache.stores, lengths))
 
 
+def test_a_prompt_padded_wider_than_itself_generates_as_the_unpadded_one(model, tokenizer):
+    """Padding a prompt wider (as `pad_to_multiple_of` does) past C = budget + window neither
+    compresses it at prefill nor moves the evictions of its decode steps."""
+    config = VaSEConfig(policy="vase", budget=40, window=8, seed=2)  # C = 48 holds the 45-token prompt
+    vase_triton.patch_qwen3(model, config)
+    inputs = tokenizer(PROMPTS[:1])
+    width = 56
+    padded = {
+        "input_ids": torch.cat([torch.full((1, width - 45), tokenizer.pad_token_id), inputs["input_ids"]], dim=1),
+        "attention_mask": torch.cat([torch.zeros(1, width - 45, dtype=torch.long), inputs["attention_mask"]], dim=1),
+    }
+    runs = []
+    for given in (inputs, padded):
+        cache = VaSECache.for_model(model, config, batch_size=1, max_length=width + 24)
+        runs.append((*greedy(model, 24, **given, cache=cache), cache.n_evictions))
+    (want, want_logits, want_evictions), (got, got_logits, got_evictions) = runs
+    assert want_evictions == got_evictions > 0
+    assert torch.equal(got[:, width:], want[:, 45:])
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-4, atol=1e-4)
+
+
 @torch.no_grad()
 def test_a_prompt_stored_in_chunks_is_refused_before_its_first_chunk_when_a_later_one_is_padded_wrongly(
     model, tokenizer

@@ -51,7 +51,7 @@ from vase_triton.policies import (
     policy_importance,
 )
 from vase_triton.seeding import GUMBEL_STREAM, stream_key
-from vase_triton.validation import FLOAT_DTYPES, check_head_dim, check_lengths, check_non_negative_int, check_rank
+from vase_triton.validation import FLOAT_DTYPES, check_head_dim, check_lengths, check_non_negative_int, check_rank, host_checks_allowed
 
 
 def _check_count(name: str, value: object) -> int:
@@ -145,6 +145,14 @@ def chunk_observation(
     if observation == OBSERVE_ALL_QUERIES:
         return new_tokens, False
     return 0, False
+
+
+def _shared_padding(valid_lengths: Optional[torch.Tensor], total: int) -> int:
+    """Leading tokens of a left-padded input of `total` tokens that pad every row (0 when the
+    lengths are not given, or may not be read on the host)."""
+    if valid_lengths is None or valid_lengths.numel() == 0 or not host_checks_allowed(valid_lengths):
+        return 0
+    return total - int(valid_lengths.max())
 
 
 def _chunk_lengths(valid_lengths: Optional[torch.Tensor], total: int, start: int, stop: int) -> Optional[torch.Tensor]:
@@ -445,6 +453,17 @@ class VaSECacheLayer:
         """`extend` of inputs that `check_extend` accepted: from here on the layer changes, so a
         failure (out of memory, an interrupt) may leave it holding part of the new tokens."""
         new_tokens = key.shape[2]
+        shared_padding = _shared_padding(valid_lengths, new_tokens)
+        if shared_padding:
+            # Columns that pad every row (an input padded wider than its longest row) are left out, as
+            # every pad is: they neither count toward the layer's length nor make it compress early.
+            output = query.new_zeros(query.shape)
+            if shared_padding < new_tokens:
+                real = slice(shared_padding, new_tokens)
+                output[:, :, real] = self.extend_checked(
+                    query[:, :, real], key[:, :, real], value[:, :, real], scale=scale, valid_lengths=valid_lengths
+                )
+            return output
         self.use_query_heads(query.shape[1])
         self.scale = float(scale)
         outputs = []
