@@ -452,21 +452,16 @@ class VaSECacheLayer:
     ) -> torch.Tensor:
         """`extend` of inputs that `check_extend` accepted: from here on the layer changes, so a
         failure (out of memory, an interrupt) may leave it holding part of the new tokens."""
+        # Columns that pad every row (an input padded wider than its longest row) are left out, as
+        # every pad is: they neither count toward the layer's length nor make it compress early.
+        shared_padding = _shared_padding(valid_lengths, key.shape[2])
+        outputs = [query.new_zeros((*query.shape[:2], shared_padding, query.shape[3]))] if shared_padding else []
+        query, key, value = (t[:, :, shared_padding:] for t in (query, key, value))
         new_tokens = key.shape[2]
-        shared_padding = _shared_padding(valid_lengths, new_tokens)
-        if shared_padding:
-            # Columns that pad every row (an input padded wider than its longest row) are left out, as
-            # every pad is: they neither count toward the layer's length nor make it compress early.
-            output = query.new_zeros(query.shape)
-            if shared_padding < new_tokens:
-                real = slice(shared_padding, new_tokens)
-                output[:, :, real] = self.extend_checked(
-                    query[:, :, real], key[:, :, real], value[:, :, real], scale=scale, valid_lengths=valid_lengths
-                )
-            return output
+        if new_tokens == 0:
+            return outputs[0]
         self.use_query_heads(query.shape[1])
         self.scale = float(scale)
-        outputs = []
         for start, stop in self.chunk_bounds(new_tokens):
             part = slice(start, stop)
             outputs.append(self._extend_chunk(
