@@ -1,11 +1,12 @@
 """How many rounds the eviction selection's threshold search takes, per number of probes.
 
 The selection (`vase_triton/kernels/eviction.py`) finds the `count`-th largest of a row's
-keys by a search over their order-preserving int32 images: each round counts the keys at
-or above `PROBES` thresholds that cut the remaining range into `PROBES + 1` near-equal
-parts, keeps the part that holds the answer, and stops early once a threshold has exactly
-`count` keys at or above it. One probe bisects (at most 32 rounds); 4 probes take at most
-14 rounds and 16 at most 8, each round counting 4 or 16 times as much. This script
+keys by a search over their order-preserving int32 images. It starts from the range
+between the row's least and largest eligible key; each round counts the keys at or above
+`PROBES` thresholds that cut the remaining range into `PROBES + 1` near-equal parts, keeps
+the part that holds the answer, and stops early once a threshold has exactly `count` keys
+at or above it. One probe bisects (at most 32 rounds); 4 probes take at most 14 rounds and
+16 at most 8, each round counting 4 or 16 times as much. This script
 replays that search, with the kernel's integer arithmetic, on random rows and counts its
 rounds (it times nothing):
 
@@ -61,10 +62,9 @@ def search_threshold(ordered: torch.Tensor, eligible: torch.Tensor, count: int, 
         `>= t` where the search met one, else the `count`-th largest eligible value (ties at
         it are then kept in slot order); and the rounds the row took.
     """
-    rows = ordered.shape[0]
-    lo = torch.full((rows,), -(2**31), dtype=torch.int64)
-    hi = torch.full((rows,), 2**31 - 1, dtype=torch.int64)
-    rounds = torch.zeros(rows, dtype=torch.int64)
+    lo = torch.where(eligible, ordered, 2**31 - 1).amin(dim=1)
+    hi = torch.maximum(torch.where(eligible, ordered, -(2**31)).amax(dim=1), lo)
+    rounds = torch.zeros(ordered.shape[0], dtype=torch.int64)
     j = torch.arange(1, probes + 1, dtype=torch.int64)
     while bool((hi > lo).any()):
         active = hi > lo

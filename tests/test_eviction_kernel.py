@@ -485,3 +485,33 @@ def test_every_number_of_probes_selects_what_bisection_does(probes: int, tiled: 
         check_invariants(case, state, probed)
         for name in CacheTensors._fields:
             assert torch.equal(bits(probed[name]), bits(bisected[name])), (case.id, name)
+
+
+@pytest.mark.parametrize("probes", [1, 4, 16])
+@pytest.mark.parametrize("tiled", [False, True], ids=["in-register", "tiled"])
+def test_thresholds_at_either_end_of_a_row_range_select_what_the_reference_does(probes, tiled, device, monkeypatch):
+    """The search starts from each row's least and largest eligible key, so the thresholds that
+    sit on them are the edge cases: row 0 keeps fewer of its top keys than tie there (magnitudes
+    and importance of two levels each), row 1 holds exactly `budget` tokens and keeps every
+    candidate (the thresholds are its least keys). Deterministic selection: bit-identical."""
+    case = Case(2, 2, 63, 32, torch.float32, 40, 8, 2, 5, 0.0, (63, 40), trigger_length=40)
+    if tiled:
+        monkeypatch.setattr(eviction_kernels, "_MAX_RESIDENT_SLOTS", 16)
+        monkeypatch.setattr(eviction_kernels, "_TILED_BLOCK_N", 16)
+    assert eviction_kernels.uses_tiled_selection(case.slots, case.window) == tiled
+    for name in ("select_heuristic", "tiled_select_heuristic"):
+        heuristic = getattr(eviction_kernels, name)
+        monkeypatch.setattr(eviction_kernels, name, lambda shape, h=heuristic: h(shape)._replace(probes=probes))
+    state = make_state(case, device, seed=51)
+    slot = torch.arange(case.slots, device=device)
+    valid = slot.view(1, 1, -1) < state["lengths"].view(-1, 1, 1)
+    few = (slot % 9 == 5).view(1, 1, -1)  # the lower level: most candidates tie at the top one
+    shape = state["magnitudes"].shape
+    state["magnitudes"] = torch.where(valid, torch.where(few, 0.5, 1.0), float("nan")).expand(shape).contiguous()
+    state["importance"] = torch.where(valid, torch.where(few, 0.25, 0.75), float("nan")).expand(shape).contiguous()
+    got = run(case, state, noise=None)
+    check_invariants(case, state, got)
+    cpu_state = {name: tensor.cpu() for name, tensor in state.items()}
+    want = run(case, cpu_state, op=reference.evict_, noise=None)
+    for name in CacheTensors._fields:
+        assert torch.equal(bits(got[name].cpu()), bits(want[name])), name

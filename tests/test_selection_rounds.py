@@ -10,8 +10,17 @@ import torch
 from benchmarks import selection_rounds
 from vase_triton import reference
 
-# Rounds for a range of 2^32 cut into PROBES + 1 parts a round, with no early stop.
+# Rounds for the whole int32 range cut into PROBES + 1 parts a round, with no early stop.
 MAX_ROUNDS = {1: 32, 4: 14, 16: 8}
+
+
+def most_rounds(size: int, probes: int) -> int:
+    """Rounds that cut a range of `size` values to one, each keeping at most `ceil(size / (probes + 1))`."""
+    rounds = 0
+    while size > 1:
+        size = -(-size // (probes + 1))
+        rounds += 1
+    return rounds
 
 
 def _kept(ordered: torch.Tensor, eligible: torch.Tensor, count: int, threshold: torch.Tensor) -> torch.Tensor:
@@ -50,10 +59,15 @@ def test_replay_keeps_the_count_largest_and_stops_within_the_bound(probes, kind,
 
     expected = reference._largest_mask(ordered.to(torch.float64), eligible, count)
     assert torch.equal(_kept(ordered, eligible, count, threshold), expected)
-    assert (rounds >= 1).all() and (rounds <= MAX_ROUNDS[probes]).all()
-    if kind == "all equal":  # no threshold has exactly `count` values at or above it, but for all-eligible count
-        no_exact = eligible.sum(dim=1) > count
-        assert (rounds[no_exact] == MAX_ROUNDS[probes]).all()
+    for row in range(rows):
+        span = ordered[row][eligible[row]]
+        assert 0 <= rounds[row] <= most_rounds(int(span.max() - span.min()) + 1, probes)
+    if kind == "all equal":  # the search starts and ends at the one eligible value
+        assert (rounds == 0).all()
+
+
+def test_a_search_over_the_whole_int32_range_takes_at_most_32_14_or_8_rounds():
+    assert {probes: most_rounds(2**32, probes) for probes in MAX_ROUNDS} == MAX_ROUNDS
 
 
 def test_distinct_keys_stop_early_when_a_probe_splits_them_exactly():

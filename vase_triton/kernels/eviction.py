@@ -7,13 +7,13 @@ Two launches share the work of one eviction:
   (`n_protect` in all, sinks included), the largest Gumbel-perturbed importance keys among
   the rest up to `budget - window` kept candidates, and the recent window. Each "largest
   `m`" is an exact threshold found by a search on the order-preserving int32 image of the
-  float32 keys: each round counts the keys at or above `PROBES` thresholds and keeps the
-  part of the range between two of them that holds the `m`-th largest key (one probe
-  bisects: at most 32 rounds; 16 probes: at most 8, each counting 16x as much); it stops
-  early when some threshold has exactly `m` keys at or above it, as distinct continuous
-  keys soon do. Ties at the threshold are filled in slot order with `tl.cumsum`. It writes,
-  per row, the source slot of each destination slot `[0, budget)` and a flag saying whether
-  the row is evicted at all.
+  float32 keys: starting from the row's range of eligible keys, each round counts the keys
+  at or above `PROBES` thresholds and keeps the part of the range between two of them that
+  holds the `m`-th largest key (one probe bisects: at most 32 rounds; 16 probes: at most 8,
+  each counting 16x as much); it stops early when some threshold has exactly `m` keys at
+  or above it, as distinct continuous keys soon do. Ties at the threshold are filled in
+  slot order with `tl.cumsum`. It writes, per row, the source slot of each destination
+  slot `[0, budget)` and a flag saying whether the row is evicted at all.
   - `_evict_select_kernel` holds the candidate slots of `BLOCK_R` rows in registers (the
     recent window is kept outright, its sources written without a selection): the fast
     path, used while the candidates fit (`N - window <= _MAX_RESIDENT_SLOTS`, every
@@ -124,9 +124,10 @@ def _select_largest(ordered, eligible, count, BLOCK_R: tl.constexpr, PROBES: tl.
     `count` eligible slots get an unspecified mask (the caller never uses them).
     """
     # A threshold t with the `count` largest at or above it, by a search on int32 that cuts the
-    # range into PROBES + 1 parts a round (at most 32 rounds with one probe, 8 with 16).
-    lo = tl.full([BLOCK_R], -2147483648, tl.int64)
-    hi = tl.full([BLOCK_R], 2147483647, tl.int64)
+    # range into PROBES + 1 parts a round (at most 32 rounds with one probe, 8 with 16), from the
+    # row's eligible [min, max] (a row without eligible values has nothing to search).
+    lo = tl.min(tl.where(eligible, ordered, 2147483647), axis=1).to(tl.int64)  # [BLOCK_R]
+    hi = tl.maximum(tl.max(tl.where(eligible, ordered, -2147483648), axis=1).to(tl.int64), lo)
     while tl.max(hi - lo, axis=0) > 0:
         n_at_least = _count_at_least(ordered, eligible, _probe_points(lo, hi, PROBES), PROBES)
         lo, hi = _narrow(lo, hi, n_at_least, count, PROBES)
@@ -247,15 +248,16 @@ def _evict_select_kernel(
 
 
 @triton.jit
-def _tiled_threshold(bits_row, state_row, num_slots, count, BLOCK_N: tl.constexpr, PROBES: tl.constexpr):
+def _tiled_threshold(bits_row, state_row, num_slots, count, lo, hi, BLOCK_N: tl.constexpr, PROBES: tl.constexpr):
     """(threshold, number above it) of the `count` largest `bits` among `_ELIGIBLE` slots of one row.
 
-    `bits_row`, `state_row`: pointers to the row's int32 keys and int8 states in scratch. Each
-    round of the search (`_narrow`) walks the row once.
+    `bits_row`, `state_row`: pointers to the row's int32 keys and int8 states in scratch; `lo`,
+    `hi`: `[1]` int32, the least and the largest eligible key, where the search starts (`lo > hi`
+    when none is eligible). Each round of the search (`_narrow`) walks the row once.
     """
     offs = tl.arange(0, BLOCK_N)
-    lo = tl.full([1], -2147483648, tl.int64)
-    hi = tl.full([1], 2147483647, tl.int64)
+    lo = lo.to(tl.int64)
+    hi = tl.maximum(hi.to(tl.int64), lo)
     while tl.max(hi - lo, axis=0) > 0:
         # 1-D counts: a [1, BLOCK_N] walk here makes Triton 3.6 spill the whole tile.
         probes = tl.reshape(_probe_points(lo, hi, PROBES), [PROBES]).to(tl.int32)
@@ -341,22 +343,32 @@ def _evict_select_tiled_kernel(
         imp_row = importance_ptr + batch * stride_ib + head * stride_ih
         noise_row = noise_ptr + batch * stride_ub + head * stride_uh
 
-        # 1. magnitudes of the non-sink candidates; sinks and the window are kept outright.
+        # 1. magnitudes of the non-sink candidates; sinks and the window are kept outright. The
+        # searches start from the least and the largest eligible key, gathered as they are written.
+        least = tl.full([1], 2147483647, tl.int32)
+        largest = tl.full([1], -2147483648, tl.int32)
         for start in range(0, num_slots, BLOCK_N):
             slots = start + offs
             in_row = slots < num_slots
             candidate = slots < n_candidates
             magnitude = tl.load(mag_row + slots * stride_mn, mask=candidate, other=0.0)
             magnitude = tl.where(magnitude == magnitude, magnitude, float("-inf"))
-            state = tl.where(candidate & (slots >= n_sink), _ELIGIBLE, tl.where(slots < length, _KEPT, _OUTSIDE))
-            tl.store(bits_row + slots, _ordered_bits(magnitude), mask=in_row)
+            eligible = candidate & (slots >= n_sink)
+            state = tl.where(eligible, _ELIGIBLE, tl.where(slots < length, _KEPT, _OUTSIDE))
+            bits = _ordered_bits(magnitude)
+            least = tl.minimum(least, tl.min(tl.where(eligible, bits, 2147483647), axis=0))
+            largest = tl.maximum(largest, tl.max(tl.where(eligible, bits, -2147483648), axis=0))
+            tl.store(bits_row + slots, bits, mask=in_row)
             tl.store(state_row + slots, state.to(tl.int8), mask=in_row)
 
         # 2. protect the n_large largest magnitudes; replace magnitudes by selection keys.
         threshold = tl.full([1], 2147483647, tl.int32)
         n_above = tl.zeros([1], tl.int32)
         if n_large > 0:
-            threshold, n_above = _tiled_threshold(bits_row, state_row, num_slots, n_large, BLOCK_N, PROBES)
+            threshold, n_above = _tiled_threshold(bits_row, state_row, num_slots, n_large, least, largest,
+                                                  BLOCK_N, PROBES)
+        least = tl.full([1], 2147483647, tl.int32)
+        largest = tl.full([1], -2147483648, tl.int32)
         ties_before = tl.zeros([1], tl.int32)
         for start in range(0, num_slots, BLOCK_N):
             slots = start + offs
@@ -368,12 +380,17 @@ def _evict_select_tiled_kernel(
             weight = tl.load(imp_row + slots * stride_in, mask=eligible, other=0.0)
             key = _selection_key(weight, row, slots, num_slots, noise_row + slots * stride_un, eligible,
                                  inv_temperature, philox_key, eviction_index_ptr, STOCHASTIC, HAS_NOISE)
-            tl.store(bits_row + slots, _ordered_bits(key), mask=in_row)
+            key_bits = _ordered_bits(key)
+            remaining = eligible & ~protected
+            least = tl.minimum(least, tl.min(tl.where(remaining, key_bits, 2147483647), axis=0))
+            largest = tl.maximum(largest, tl.max(tl.where(remaining, key_bits, -2147483648), axis=0))
+            tl.store(bits_row + slots, key_bits, mask=in_row)
             tl.store(state_row + slots, tl.where(protected, _KEPT, state).to(tl.int8), mask=in_row)
 
         # 3. sample (or take the top of) the rest; survivors in temporal order.
         k_sampled = budget - window - n_sink - n_large
-        threshold, n_above = _tiled_threshold(bits_row, state_row, num_slots, k_sampled, BLOCK_N, PROBES)
+        threshold, n_above = _tiled_threshold(bits_row, state_row, num_slots, k_sampled, least, largest,
+                                              BLOCK_N, PROBES)
         ties_before = tl.zeros([1], tl.int32)
         kept_before = tl.zeros([1], tl.int32)
         for start in range(0, num_slots, BLOCK_N):
