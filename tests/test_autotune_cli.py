@@ -417,5 +417,24 @@ def test_a_key_whose_inputs_do_not_fit_in_memory_is_skipped(tiny_config_path, st
     assert main(argv) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("append ")]
     skipped = [row for row in rows if "B=4," in row]
-    assert skipped and all(row.endswith("its inputs do not fit in memory  skipped") for row in skipped)
+    assert skipped and all(row.endswith("out of memory (its results so far are kept)  skipped") for row in skipped)
     assert any("B=2," in row and row.endswith("tuned") for row in rows)
+
+
+def test_a_device_that_stops_working_ends_the_run_in_one_line_and_show_counts_the_failure(
+    tiny_config_path, store_dir, fake_gpu, monkeypatch, capsys
+):
+    """Every launch fails and the device is found broken after the first: one line naming the
+    candidate, no later candidate tried; `--show` lists the key with its one failed result."""
+    monkeypatch.setattr(tuner, "_device_works", lambda _device: False)
+    monkeypatch.setattr(tuner, "run_trial", lambda problem, params, timer: {"error": "RuntimeError: CUDA error"})
+    argv = ["autotune", "--config", str(tiny_config_path), "--batch", "2", "--budget", "128", "--prompt-len", "4",
+            "--dtype", "float32", "--kernels", "append"]  # fmt: skip
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("vase-triton: error: autotune: the GPU stopped working after append B=2,T=1,")
+    assert err.count("\n") == 1 and "run again to resume in a new process" in err
+
+    assert main(["autotune", "--show"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("append ")]
+    assert len(rows) == 1 and "no entry: 1 tried, 1 failed" in rows[0]

@@ -21,7 +21,7 @@ from vase_triton.autotune.shapes import DecodeShape
 from vase_triton.autotune.spaces import SPACES
 
 PROFILE = DeviceProfile("NVIDIA Test GPU", 100, (9, 0), 227 * 1024)
-HASH = "0123456789abcdef"
+HASH = SPACES["decode"].source_hash()  # the running source: its keys are checked against its fields
 
 
 def decode_key(batch: int, capacity: int) -> str:
@@ -134,6 +134,21 @@ def test_stale_kernel_source_is_ignored_with_one_warning(tmp_path):
     assert list(store.entries(document, "decode", HASH)) == [decode_key(1, 64)]
 
 
+def test_a_stale_section_with_keys_of_another_format_leaves_the_other_kernels_usable(tmp_path):
+    """A section tuned for another source of its kernel is never read, so keys in the fields that
+    source used (here `decode` without `scores=`) do not make the file unusable."""
+    write_entries(tmp_path, {"B=16,C=4096,H=32/8,D=128,dtype=bfloat16": make_entry(32, 0.01)}, source_hash="feedfacefeedface")
+    append_hash = SPACES["append"].source_hash()
+    append_key, params = "B=2,T=1,H=2,D=64,dtype=float32", dict(block_h=2, block_t=1, num_warps=1)
+    entry = store.Entry(store.Timing(params, 0.01), None, None, 1, 0, {})
+    store.StoreFile(tmp_path, PROFILE).update(lambda doc: store.put_entry(doc, "append", append_hash, append_key, entry))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        document = store.StoreFile(tmp_path, PROFILE).read()
+    assert store.entries(document, "append", append_hash) == {append_key: entry}
+    assert store.entries(document, "decode", HASH) == {}
+
+
 def _valid_text(directory) -> str:
     write_entries(directory, {KEY: make_entry(32, 0.01)})
     return store.StoreFile(directory, PROFILE).path.read_text()
@@ -147,6 +162,8 @@ UNUSABLE = {
     "foreign-triton": lambda text: json.dumps({**json.loads(text), "versions": {"triton": "0.0.1"}}),
     "foreign-device": lambda text: json.dumps({**json.loads(text), "device": {"name": "other", "multiprocessors": 7}}),
     "bad-entry": lambda text: text.replace('"ms": 0.01', '"ms": "fast"'),
+    "time-beyond-floats": lambda text: text.replace('"ms": 0.01', '"ms": 1' + "0" * 400),
+    "infinite-time": lambda text: text.replace('"ms": 0.01', '"ms": Infinity'),
     "not-an-object": lambda text: "[1, 2]",
     "unparseable-key": lambda text: text.replace(KEY, "garbage"),
     "empty-size": lambda text: text.replace(KEY, KEY.replace("B=16", "B=")),

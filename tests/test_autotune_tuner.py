@@ -38,10 +38,11 @@ APPEND = AppendShape(2, 8, 1, 128, "float32")
 class Rigged:
     """A real problem whose launches, for chosen candidates, corrupt the result or raise."""
 
-    def __init__(self, problem, wrong=(), failing=()):
+    def __init__(self, problem, wrong=(), failing=(), out_of_memory=()):
         self.problem = problem
         self.wrong = [dict(params) for params in wrong]
         self.failing = [dict(params) for params in failing]
+        self.out_of_memory = [dict(params) for params in out_of_memory]
         self.launched: list[dict] = []
         self.checked: list[dict] = []
         # The problem's own check launches through the rigged launcher.
@@ -53,6 +54,8 @@ class Rigged:
         self.launched.append(params)
         if params in self.failing:
             raise RuntimeError("out of resources: shared memory, Required: 300000, Hardware limit: 232448")
+        if params in self.out_of_memory:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 256.00 MiB")
         if params not in self.wrong:
             return launch
 
@@ -117,6 +120,56 @@ def test_a_candidate_that_fails_to_launch_is_skipped(store_file, device):
         problem_factory=rigged_factory(holder, failing=[failing]),
     )  # fmt: skip
     assert result.entry.winner.params != failing and result.entry.rejected == 1
+
+
+def _recorded(store_file) -> dict[str, dict]:
+    return store.trials(store_file.read(), "append", SPACES["append"].source_hash(), APPEND.key())
+
+
+def test_running_out_of_memory_is_not_held_against_the_candidate(store_file, device):
+    """The error propagates, nothing is recorded for the candidate, and a later run times it."""
+    _, candidates = tuner.candidate_list("append", APPEND, device)
+    starved = candidates[1]
+    holder = {}
+    with pytest.raises(torch.OutOfMemoryError):
+        tuner.tune("append", APPEND, device, store_file, timer=timer_by({}, holder),
+                   problem_factory=rigged_factory(holder, out_of_memory=[starved]))  # fmt: skip
+    assert set(_recorded(store_file)) == {store.params_id(candidates[0])}
+    times = {store.params_id(starved): 0.001}
+    result = tuner.tune("append", APPEND, device, store_file, timer=timer_by(times, holder),
+                        problem_factory=rigged_factory(holder))  # fmt: skip
+    assert result.entry.winner.params == starved and result.entry.rejected == 0
+
+
+def test_a_device_that_stops_working_ends_the_tuning_after_recording_the_candidate(store_file, device, monkeypatch):
+    """After a failure that leaves the device broken, no later candidate runs (each would fail for
+    that reason); the failed one stays rejected and a rerun resumes past it."""
+    _, candidates = tuner.candidate_list("append", APPEND, device)
+    culprit = candidates[1]
+    holder = {}
+    monkeypatch.setattr(tuner, "_device_works", lambda _device: False)
+    with pytest.raises(tuner.DeviceFailure, match=f"candidate {store.params_id(culprit)} failed"):
+        tuner.tune("append", APPEND, device, store_file, timer=timer_by({}, holder),
+                   problem_factory=rigged_factory(holder, failing=[culprit]))  # fmt: skip
+    recorded = _recorded(store_file)
+    assert set(recorded) == {store.params_id(candidates[0]), store.params_id(culprit)}
+    assert "out of resources" in recorded[store.params_id(culprit)]["error"]
+    monkeypatch.setattr(tuner, "_device_works", lambda _device: True)
+    result = tuner.tune("append", APPEND, device, store_file, timer=timer_by({}, holder),
+                        problem_factory=rigged_factory(holder))  # fmt: skip
+    assert culprit not in holder["problem"].checked
+    assert result.completed and result.entry.rejected == 1 and result.entry.winner.params != culprit
+
+
+def test_stored_times_beyond_floats_are_not_resumed_from(store_file, device):
+    """A hand-edited trial whose time no float holds is tried again, not carried into the entry."""
+    _, candidates = tuner.candidate_list("append", APPEND, device)
+    source_hash = SPACES["append"].source_hash()
+    store_file.update(lambda doc: store.put_trial(doc, "append", source_hash, APPEND.key(), candidates[1], {"ms": 10**400}))
+    holder = {}
+    result = tuner.tune("append", APPEND, device, store_file, timer=timer_by({}, holder),
+                        problem_factory=rigged_factory(holder))  # fmt: skip
+    assert candidates[1] in holder["problem"].checked and result.entry.winner.ms == 1.0
 
 
 def test_attention_outputs_off_by_more_than_rounding_are_rejected(device):

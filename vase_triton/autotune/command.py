@@ -229,7 +229,7 @@ def _tune_all(launches: list[tuple[str, tuple]], profile: DeviceProfile, args) -
 
     from vase_triton.autotune import timing
     from vase_triton.autotune.spaces import SPACES
-    from vase_triton.autotune.tuner import tune
+    from vase_triton.autotune.tuner import DeviceFailure, tune
 
     device = _tuning_device()
     store_file = store.StoreFile(_store_directory(), profile)
@@ -258,12 +258,14 @@ def _tune_all(launches: list[tuple[str, tuple]], profile: DeviceProfile, args) -
                 )  # fmt: skip
             except OSError as error:
                 raise CommandError(f"autotune: cannot write {store_file.path}: {error}") from None
+            except DeviceFailure as error:
+                raise CommandError(f"autotune: {error}") from None
             except RuntimeError as error:
                 if not is_out_of_memory(error):
                     raise
                 if torch.cuda.is_initialized():
                     torch.cuda.empty_cache()
-                rows.append((kernel, key, "-", "-", "-", "its inputs do not fit in memory", "skipped"))
+                rows.append((kernel, key, "-", "-", "-", "out of memory (its results so far are kept)", "skipped"))
                 continue
         if not result.completed:
             stopped = f"stopped at --time-limit {args.time_limit:g} s before {kernel} {key}; run again to resume"
@@ -290,12 +292,18 @@ def _show(profile: DeviceProfile) -> int:
         document = file.read()
         print(f"{origin} file: {file.path}{'' if document is not None else ' (none)'}")
         for kernel, section in sorted((document or {"kernels": {}})["kernels"].items()):
-            current = kernel in SPACES and section["source_hash"] == SPACES[kernel].source_hash()
-            status = origin if current else f"{origin}, stale (kernel source changed)"
+            if kernel not in SPACES:
+                status = f"{origin}, stale (no such kernel in this version)"
+            elif section["source_hash"] != SPACES[kernel].source_hash():
+                status = f"{origin}, stale (kernel source changed)"
+            else:
+                status = origin
             for key, data in sorted(section.get("entries", {}).items()):
                 rows.append((kernel, key, *_entry_cells(store.Entry.from_json(data)), status))
             for key, by_params in sorted(section.get("trials", {}).items()):
-                rows.append((kernel, key, "-", "-", "-", f"unfinished: {len(by_params)} candidates done", status))
+                failed = sum("ms" not in trial for trial in by_params.values())
+                done = f"{len(by_params)} tried, {failed} failed"
+                rows.append((kernel, key, "-", "-", "-", f"no entry: {done}", status))
     print()
     header = ("kernel", "key", "default us", "tuned us", "speed-up", "tuned configuration", "origin")
     print(_format_table(header, rows) if rows else "nothing stored")

@@ -33,6 +33,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import math
 import os
 import secrets
 import time
@@ -70,6 +71,20 @@ def params_id(params: dict[str, int]) -> str:
     return ",".join(f"{name}={params[name]}" for name in sorted(params))
 
 
+def checked_ms(ms: object) -> float:
+    """A stored time `ms` as a positive, finite float; ValueError otherwise (a JSON integer
+    may exceed every float)."""
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)):
+        raise ValueError(f"expected a positive time; got {ms!r}")
+    try:
+        value = float(ms)
+    except OverflowError:
+        value = math.inf
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"expected a positive, finite time; got {value}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class Timing:
     """A configuration and its median time in milliseconds."""
@@ -89,9 +104,7 @@ class Timing:
         params, ms = data["params"], data.get("ms")
         if not all(isinstance(name, str) and type(value) is int for name, value in params.items()):
             raise ValueError("expected integer parameters")
-        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not ms > 0:
-            raise ValueError("expected a positive time")
-        return cls(dict(params), float(ms))
+        return cls(dict(params), checked_ms(ms))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,17 +202,18 @@ def _check_document(document: object, profile: DeviceProfile) -> Optional[str]:
         for key, by_params in trials.items():
             if not isinstance(by_params, dict) or not all(isinstance(t, dict) for t in by_params.values()):
                 return f"kernel {kernel!r}, trials of {key!r}: expected objects"
-        problem = _check_keys(kernel, [*entries, *trials])
+        problem = _check_keys(kernel, section["source_hash"], [*entries, *trials])
         if problem is not None:
             return problem
     return None
 
 
-def _check_keys(kernel: str, keys: list[str]) -> Optional[str]:
-    """Why one of `kernel`'s stored keys is malformed, or None (keys of kernels this version lacks are never read)."""
+def _check_keys(kernel: str, source_hash: str, keys: list[str]) -> Optional[str]:
+    """Why one of `kernel`'s stored keys is malformed, or None. Keys of a kernel this version
+    lacks, or of another version of its source (whose key fields may differ), are never read."""
     from vase_triton.autotune.spaces import SPACES
 
-    if kernel not in SPACES:
+    if kernel not in SPACES or source_hash != SPACES[kernel].source_hash():
         return None
     for key in keys:
         try:

@@ -6,7 +6,9 @@ times it; a candidate that fails to compile, runs out of resources, fails to lau
 gives a wrong result is recorded as rejected and can never win. Every result is written
 to the store as soon as it is known, so an interrupted run resumes where it stopped;
 when every candidate has a result, the winner, the runner-up and the default are stored
-as the key's entry.
+as the key's entry. Two failures are not the candidate's own and are raised instead of
+recorded, so that a later run tries again: running out of memory, and a device that stops
+working (a CUDA error that persists, which every later launch would meet).
 """
 
 from __future__ import annotations
@@ -50,23 +52,45 @@ def candidate_list(kernel: str, shape: tuple, device: torch.device) -> tuple[dic
     return default, space.tried(default, shape, profile)
 
 
+class DeviceFailure(RuntimeError):
+    """The device stopped working after a candidate's failure; no later result would be the candidates' own."""
+
+
+def _device_works(device: torch.device) -> bool:
+    """Whether `device` still runs work (a sticky CUDA error fails every later call)."""
+    if device.type != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize(device)
+        return torch.ones(1, device=device).sum().item() == 1
+    except RuntimeError:
+        return False
+
+
 def _describe(error: BaseException) -> str:
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__
 
 
 def run_trial(problem: Problem, params: dict, timer: Timer) -> dict:
-    """`{"ms": t}` for a candidate that gives the reference's result, else `{"error": why}`."""
+    """`{"ms": t}` for a candidate that gives the reference's result, else `{"error": why}`.
+
+    Raises `torch.OutOfMemoryError`: memory is the device's state, not the candidate's fault.
+    """
     # Compilation and launch failures differ by Triton version and backend (OutOfResources,
     # PTXASError, CompilationError, CUDA errors): any of them rejects the candidate only.
     try:
         wrong = problem.check(params)
+    except torch.OutOfMemoryError:
+        raise
     except Exception as error:
         return {"error": _describe(error)}
     if wrong is not None:
         return {"error": f"wrong result: {wrong}"}
     try:
         ms = float(timer(problem.launcher(params)))
+    except torch.OutOfMemoryError:
+        raise
     except Exception as error:
         return {"error": _describe(error)}
     if not (math.isfinite(ms) and ms > 0):
@@ -78,8 +102,11 @@ def _valid_trial(trial: object) -> bool:
     if not isinstance(trial, dict):
         return False
     if "ms" in trial:
-        ms = trial["ms"]
-        return not isinstance(ms, bool) and isinstance(ms, (int, float)) and ms > 0
+        try:
+            store.checked_ms(trial["ms"])
+        except ValueError:
+            return False
+        return True
     return isinstance(trial.get("error"), str)
 
 
@@ -150,6 +177,11 @@ def tune(
             result = run_trial(problem, params, timer)
             trials[pid] = result
             store_file.update(lambda doc: store.put_trial(doc, kernel, source_hash, key, params, result))
+            if "error" in result and not _device_works(device):
+                raise DeviceFailure(
+                    f"the GPU stopped working after {kernel} {key} candidate {pid} failed ({result['error']}); "
+                    "that candidate is recorded as rejected: run again to resume in a new process"
+                )
         if on_result is not None:
             on_result(sum(store.params_id(p) in trials for p in candidates), len(candidates))
     entry = select_entry(default, candidates, trials, shape)
