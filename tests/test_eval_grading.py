@@ -38,6 +38,7 @@ THINKING = (
         ("Hence \\fbox{42} is the count.", "42"),
         ("The rows: \\boxed{a \\\\{b}}", "a \\\\{b}"),
         ("so the answer is \\boxed 7.", "7"),
+        ("so \\boxed {x + 1}.", "x + 1"),
         ("Natalia sold 48 + 24 = 72 clips.\n#### 72", "72"),
         ("Adding these up gives 1,234 in all.\n#### 1,234", "1,234"),
         ("After simplifying we get 12.\n\n**Final Answer:** 12", "12"),
@@ -47,7 +48,7 @@ THINKING = (
         ("I answered 3 of them. After all that: 7", None),
         ("I answered 3 of them, so the answer is 7.", "7"),
     ],
-    ids=["nested-dfrac", "escaped-braces", "multiple-boxed", "units", "fbox", "line-break-then-group", "boxed-space", "gsm8k", "gsm8k-comma",
+    ids=["nested-dfrac", "escaped-braces", "multiple-boxed", "units", "fbox", "line-break-then-group", "boxed-space", "boxed-space-then-group", "gsm8k", "gsm8k-comma",
          "final-answer-line", "answer-is", "markdown-headings", "gsm8k-signed-decimal", "answered-is-not-answer",
          "answer-after-answered"],
 )
@@ -73,11 +74,18 @@ def test_extract_answer(text, expected):
         ("<think>\nso it is \\boxed{41}\n</think>\n", "41"),
         ("The answer is **42**.", "42"),
         ("<think>\nso \\boxed{5}. Put the final answer within \\boxed{}, let me check", "5"),
+        ("Adding up.\n\n**Answer**: 42", "42"),
+        ("Natalia sold 72 clips. The answer is $72$ clips.", "72"),
+        ("We are done.\n\n**Final Answer**\n\\[\n42\n\\]", "42"),
+        ("The answer is \\[ 42 \\]", "42"),
+        ("The answer is $5 and $6 is the change.", "5 and $6 is the change"),
     ],
     ids=["cut-off-musing", "cut-off-find-the-answer", "cut-off-at-least", "cut-off-interim-statement",
          "cut-off-box", "question-about-the-answer", "answer-word-after-the-answer", "doubt-after-the-answer",
          "rest-of-the-sentence", "decimal-then-sentence", "final-answer-heading", "conclusion-over-reasoning-box",
-         "reasoning-box-when-the-conclusion-states-none", "bold-statement", "empty-template-box-after-an-answer"],
+         "reasoning-box-when-the-conclusion-states-none", "bold-statement", "empty-template-box-after-an-answer",
+         "bold-answer-then-colon", "formula-then-words", "heading-then-display-math", "display-math",
+         "dollar-amounts-are-no-formula"],
 )  # fmt: skip
 def test_what_counts_as_a_stated_answer(text, expected):
     """A truncated reasoning's musings are not an answer; a statement is read to its sentence's end;
@@ -173,6 +181,8 @@ def test_canonical_forms():
     assert canonical("50\\%") == ("50", "")
     assert canonical("10 000") == canonical("10,000") == canonical("10\\,000") == ("10000", "")
     assert canonical("1 2") == ("1 2", "")
+    assert canonical("10cm") == canonical("10\\,\\text{cm}") == canonical("10\\text{cm}") == ("10", "cm")
+    assert canonical("2m") == ("2m", "")  # a one-letter unit glued to its number may be a variable
     assert canonical("x + 1") != canonical("x - 1")
 
 
@@ -188,7 +198,11 @@ def test_string_match_keeps_units_and_digit_groups_apart(answer, gold, same):
     assert same_string(answer, gold) is same
 
 
-@pytest.mark.parametrize("answer, gold", [("10 m", "10 cm"), ("7 minutes", "7 hours"), ("10 meters", "10 m")])
+@pytest.mark.parametrize(
+    "answer, gold",
+    [("10 m", "10 cm"), ("7 minutes", "7 hours"), ("10 meters", "10 m"), ("4\\,\\text{hours}", "4 minutes"),
+     ("5\\text{cm}", "5\\text{ m}"), ("10 \\mathrm{~cm}", "10 m"), ("10cm", "10 m")],
+)
 def test_differing_units_are_wrong_without_asking_math_verify(answer, gold, verifier):
     assert grade(answer, gold, verifier=verifier) == grading.Grade(False, "string")
 

@@ -18,9 +18,13 @@ from typing import Optional
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _HASH_ANSWER = re.compile(r"####[ \t]*([-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)[ \t]*\.?[ \t]*$", re.MULTILINE)
 _ANSWER_LINE = re.compile(
-    r"\b(?:final\s+answer\s*(?:is\b|:|=|\*\*|$)|answer\s*(?:is\b|:|=))[ \t]*[:=*]*[ \t]*(.*)",
+    r"\b(?:final\s+answer\s*(?:is\b|:|=|\*\*|$)|answer\s*(?:\*\*\s*)?(?:is\b|:|=))[ \t]*[:=*]*[ \t]*(.*)",
     re.IGNORECASE | re.MULTILINE,
 )
+# `$...$` as pandoc reads it (no space inside either dollar, no digit after the closing one), so
+# that the dollars of `$5 and $6` are amounts, not a formula; or `\\(...\\)`.
+_INLINE_MATH = re.compile(r"\$(?!\s)([^$]*?[^\s$])\$(?!\d)|\\\((.+?)\\\)")
+_MATH_DELIMITERS = ("\\[", "\\]", "\\(", "\\)", "$$")
 _SENTENCE_END = re.compile(r"\.\s")
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _LETTER = re.compile(r"^\(?\s*([A-Z])\s*\)?[.:)]?$", re.IGNORECASE)
@@ -61,29 +65,46 @@ def last_boxed(text: str) -> Optional[str]:
     )
     for start, command in reversed(starts):
         rest = start + len(command)
-        if rest < len(text) and text[rest] == "{":
-            content = _braced(text, rest)
+        argument = rest
+        while argument < len(text) and text[argument] in " \t":  # TeX skips spaces after a command name
+            argument += 1
+        if argument < len(text) and text[argument] == "{":
+            content = _braced(text, argument)
             if content is not None and content.strip():  # an empty box is a template, not an answer
                 return content.strip()
-        elif rest < len(text) and text[rest] == " ":
-            word = text[rest:].split(maxsplit=1)
+        elif argument > rest:
+            word = text[argument:].split(maxsplit=1)
             if word:
                 return word[0].rstrip("$.").strip()
     return None
 
 
 def _statement(text: str) -> str:
-    """What a final-answer statement says: up to the end of its sentence, markup stripped."""
+    """What a final-answer statement says: up to the end of its sentence, markup stripped; the
+    content of its first inline formula when it has one (`$72$ clips` says `72`)."""
     text = _SENTENCE_END.split(text.strip().strip("*").strip(), maxsplit=1)[0]
-    return text.rstrip(".").strip().strip("*$").strip()
+    formula = _INLINE_MATH.search(text)
+    if formula is not None:
+        return (formula.group(1) or formula.group(2)).strip()
+    text = text.rstrip(".").strip().strip("*$").strip()
+    for delimiter in _MATH_DELIMITERS:
+        text = text.removeprefix(delimiter).removesuffix(delimiter).strip()
+    return text
+
+
+def _heading_answer(text: str) -> str:
+    """The statement on the first line after a `**Final Answer**` heading that is more than a
+    display-math delimiter (`\\[`, `$$`)."""
+    for line in text.lstrip("\n").split("\n", 3)[:3]:
+        if line.strip() not in _MATH_DELIMITERS:
+            return _statement(line)
+    return ""
 
 
 def _final_answer_line(text: str) -> Optional[str]:
     """The last final-answer statement; a `**Final Answer**` heading's answer is on the next line."""
     for match in reversed(list(_ANSWER_LINE.finditer(text))):
-        answer = _statement(match.group(1))
-        if not answer:
-            answer = _statement(text[match.end() :].lstrip("\n").split("\n", 1)[0])
+        answer = _statement(match.group(1)) or _heading_answer(text[match.end() :])
         if answer:
             return answer
     return None

@@ -33,18 +33,25 @@ class Grade:
 
 
 def canonical(answer: str) -> tuple[str, str]:
-    """`(quantity, unit)` in canonical string forms: no spacing, `$`, `\\left`/`\\right`, text
-    wrappers, degree signs or percent signs; thousands separators dropped from one number written
-    `2,100` or `2 100`, other spaces between digits kept (`1 2` is not `12`); `\\dfrac`/`\\tfrac`
-    as `\\frac`; a trailing `.0` dropped. `unit` holds the unit words after a quantity, lower
-    case (`10 cm` gives `cm`; the `m` of `x + m` is no unit)."""
+    """`(quantity, unit)` in canonical string forms: no spacing (a spacing command separates words),
+    `$`, `\\left`/`\\right`, text wrappers, degree signs or percent signs; thousands separators
+    dropped from one number written `2,100` or `2 100`, other spaces between digits kept (`1 2`
+    is not `12`); `\\dfrac`/`\\tfrac` as `\\frac`; a trailing `.0` dropped. `unit` holds the
+    unit words after a quantity, lower case (`10 cm`, `10cm` and `10\\,\\text{cm}` give `cm`; the
+    `m` of `x + m` is no unit)."""
     text = answer.strip().strip("$").strip()
-    text = re.sub(r"\\(?:left|right|displaystyle|!|,|;|:)", "", text)
+    text = re.sub(r"\\(?:left|right|displaystyle|!)", "", text)
+    text = re.sub(r"\\(?:,|;|:|quad|qquad|\s)|~", " ", text)  # spacing: `10\,\text{cm}` is `10 cm`
     text = re.sub(r"\\[dt]frac", r"\\frac", text)
     text = re.sub(r"\^\{?\\circ\}?", "", text).replace("°", "")
-    text = re.sub(r"\\(?:text|mathrm|textbf|mbox)\{([^{}]*)\}", r"\1", text)
+    # A wrapped word is a word of its own: `5\text{cm}` is `5 cm`.
+    text = re.sub(r"\\(?:text|mathrm|textbf|mbox)\{([^{}]*)\}", lambda m: (" " if m[1][:1].isalpha() else "") + m[1], text)
     text = text.replace("\\%", "").replace("%", "")
     words = text.split()
+    # `10cm`; not `2m`, `3s` or `5g`, whose letter may be a variable of the answer.
+    glued = re.fullmatch(r"(.*\d)([a-zA-Z]{2,})\.?", words[-1]) if words else None
+    if glued and glued[2].lower() in _UNIT_WORDS:
+        words[-1:] = [glued[1], glued[2]]
     first_unit = len(words)
     while first_unit > 1 and words[first_unit - 1].lower().strip(".") in _UNIT_WORDS:
         first_unit -= 1
