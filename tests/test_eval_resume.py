@@ -219,6 +219,17 @@ def test_missing_grading_and_plotting_packages_are_named_before_any_work(tmp_pat
     assert not (tmp_path / "run").exists()
 
 
+def test_a_math_verify_that_fails_to_import_is_a_one_line_error_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    (tmp_path / "shadow").mkdir()
+    (tmp_path / "shadow" / "math_verify.py").write_text("raise ImportError('math_verify is broken here')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "shadow"))  # the grading process's, not this one's
+    monkeypatch.setattr("vase_triton.testbed.model.load_testbed", lambda **_: pytest.fail("the model was loaded"))
+    assert main(TESTBED + ["--problems", "2", "--out", str(tmp_path / "run")]) == 1
+    err = _one_line_error(capsys)
+    assert "eval: grading: the math-verify process did not start (ImportError: math_verify is broken here)" in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_another_checkpoint_at_the_same_path_is_refused(tmp_path, capsys, saved_model_dir):
     from vase_triton.demo_model import tiny_qwen3
 
@@ -295,6 +306,22 @@ def test_the_full_cache_takes_no_budget(tmp_path, capsys):
     assert main(["eval", "--policies", "vase", *rest, "--window", "200", "--out", str(tmp_path / "wide")]) == 1
     assert "--budgets/--window: 135/200 with 'vase': budget: expected budget > window" in _one_line_error(capsys)
     assert not any((tmp_path / name).exists() for name in ("f2", "vase", "wide"))
+
+
+def test_a_full_cache_run_shares_its_out_with_evicting_runs_of_any_window_and_score_mode(tmp_path, capsys):
+    """The full cache uses neither the window nor the score mode: its run binds neither, and the first
+    evicting run in the directory binds both."""
+    out, rest = tmp_path / "run", ["--max-new-tokens", "6", "--no-progress", "--problems", "2"]
+    assert main(["eval", "--policies", "full", *rest, "--out", str(out)]) == 0
+    assert main(["eval", "--policies", "vase", *rest, "--budgets", "40", "--window", "8", "--score-mode", "emitted",
+                 "--out", str(out)]) == 0  # fmt: skip
+    assert main(["eval", "--policies", "full", *rest, "--out", str(out)]) == 0
+    recorded = json.loads((out / "run.json").read_text())
+    assert (recorded["window"], recorded["score_mode"]) == (8, "emitted")
+    assert {(r["policy"], r["window"]) for r in _records(out)} == {("full", None), ("vase", 8)}
+    capsys.readouterr()
+    assert main(["eval", "--policies", "full,vase", *rest, "--budgets", "40", "--out", str(out)]) == 1
+    assert "window: 8 there, 16 now" in _one_line_error(capsys)
 
 
 def test_answers_that_overran_in_grading_are_counted_in_notes(tmp_path, capsys, monkeypatch):

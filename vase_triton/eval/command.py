@@ -144,10 +144,10 @@ def _model_plan(args) -> _EvalPlan:
 
 
 def run_eval_command(args) -> int:
-    from vase_triton.eval.runner import FULL, EvalSettings, RunError, planned_records, run_eval
-    from vase_triton.eval.summary import AVERAGE, markdown_table, write_summary
+    from vase_triton.eval.runner import FULL
+    from vase_triton.eval.summary import AVERAGE
     from vase_triton.eval.tasks import TaskError, load_task, task_label
-    from vase_triton.eval.verifier import MEMORY_LIMIT_BYTES, Overrun
+    from vase_triton.eval.verifier import Verifier, VerifierStartError
 
     device = resolve_device(args.device)
     check_backend(device)
@@ -188,6 +188,20 @@ def run_eval_command(args) -> int:
         }
     except TaskError as error:
         raise CommandError(str(error)) from None
+    with Verifier() as verifier:
+        try:
+            verifier.start()  # before the model loads: an installed math-verify may still fail to import
+        except VerifierStartError as error:
+            raise CommandError(f"eval: {error}") from None
+        return _evaluate(args, plan, problems, device, dtype, verifier)
+
+
+def _evaluate(args, plan: _EvalPlan, problems: dict, device, dtype, verifier) -> int:
+    """Load the model, run or resume the plan, grading with `verifier`, and print the summary."""
+    from vase_triton.eval.runner import EvalSettings, RunError, planned_records, run_eval
+    from vase_triton.eval.summary import markdown_table, write_summary
+    from vase_triton.eval.verifier import MEMORY_LIMIT_BYTES, Overrun, VerifierStartError
+
     if args.model is None:
         from vase_triton.testbed.model import load_testbed
 
@@ -206,10 +220,12 @@ def run_eval_command(args) -> int:
     try:
         results = run_eval(
             model, tokenizer, problems, policies=args.policies, budgets=plan.budgets, samples=plan.samples,
-            settings=settings, out_dir=plan.out_dir, progress=not args.no_progress,
+            settings=settings, out_dir=plan.out_dir, progress=not args.no_progress, verifier=verifier,
         )
     except RunError as error:
         raise CommandError(str(error)) from None
+    except VerifierStartError as error:
+        raise CommandError(f"eval: {error}; finished batches are kept in {plan.out_dir}") from None
     except RuntimeError as error:  # torch.OutOfMemoryError included
         if not is_out_of_memory(error):
             raise

@@ -39,6 +39,9 @@ from vase_triton.eval.verifier import Verifier
 RESULTS_FILE = "results.jsonl"
 SETTINGS_FILE = "run.json"
 FULL = "full"
+# Settings that only the evicting policies use: a run of the full cache alone records them as
+# None, which matches any value (so it shares an output directory with evicting runs of any).
+EVICTION_SETTINGS = ("window", "score_mode")
 RECORD_KEYS = frozenset(("task", "id", "policy", "budget", "sample"))  # what identifies a result record
 
 
@@ -157,10 +160,12 @@ def weights_digest(model, values_per_end: int = 16) -> str:
     return digest.hexdigest()[:16]
 
 
-def run_record(model, settings: EvalSettings, problems_by_task: dict[str, list[Problem]], samples: int) -> dict:
+def run_record(
+    model, settings: EvalSettings, problems_by_task: dict[str, list[Problem]], samples: int, *, evicting: bool = True
+) -> dict:
     """What `run.json` holds: the settings, the model's dtype, device and weights digest, the
     implementation its ops run (`triton` or `torch`, which draw different noise) and each
-    task's planned batches."""
+    task's planned batches. Without `evicting` policies, `EVICTION_SETTINGS` are None."""
     tasks = {
         task: {
             "samples": samples, "problems": len(problems),
@@ -169,9 +174,10 @@ def run_record(model, settings: EvalSettings, problems_by_task: dict[str, list[P
         for task, problems in problems_by_task.items()
     }
     dtype = str(model.dtype).removeprefix("torch.")
+    unused = {} if evicting else dict.fromkeys(EVICTION_SETTINGS)
     return {
-        **settings.comparable(), "dtype": dtype, "device": str(model.device), "weights": weights_digest(model),
-        "kernels": "triton" if use_triton(model.device) else "torch", "tasks": tasks,
+        **settings.comparable(), **unused, "dtype": dtype, "device": str(model.device),
+        "weights": weights_digest(model), "kernels": "triton" if use_triton(model.device) else "torch", "tasks": tasks,
     }
 
 
@@ -216,9 +222,12 @@ def check_settings(out_dir: Path, record: dict) -> None:
     # Settings recorded by a run that wrote no result yet bind nothing: they are replaced.
     if path.exists() and results.exists() and results.stat().st_size > 0:
         previous = _read_record(path)
+        unbound = {
+            key for key in EVICTION_SETTINGS if record.get(key) is None or (key in previous and previous[key] is None)
+        }
         changed = [
             f"{key}: {repr(previous[key]) if key in previous else 'not recorded'} there, {record[key]!r} now"
-            for key in sorted(record) if key != "tasks" and previous.get(key) != record[key]
+            for key in sorted(record) if key != "tasks" and key not in unbound and previous.get(key) != record[key]
         ]
         if not isinstance(previous.get("tasks"), dict):
             raise RunError(f"--out: expected {path} to record each task's batches; it does not; use another --out")
@@ -230,7 +239,8 @@ def check_settings(out_dir: Path, record: dict) -> None:
         if changed:
             detail = "; ".join(changed)
             raise RunError(f"--out: {out_dir} holds results of different settings ({detail}); use another --out")
-        record = {**record, "tasks": {**previous_tasks, **record["tasks"]}}
+        bound = {key: previous.get(key) for key in unbound if record.get(key) is None}
+        record = {**record, **bound, "tasks": {**previous_tasks, **record["tasks"]}}
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
@@ -325,11 +335,15 @@ def pending_work(
 
 def run_eval(
     model, tokenizer, problems_by_task: dict[str, list[Problem]], *, policies: Sequence[str], budgets: Sequence[int],
-    samples: int, settings: EvalSettings, out_dir: Path, progress: bool = True,
+    samples: int, settings: EvalSettings, out_dir: Path, progress: bool = True, verifier: Optional[Verifier] = None,
 ) -> Path:
-    """Run (or resume) every pending sample; returns the path of `results.jsonl`."""
+    """Run (or resume) every pending sample; returns the path of `results.jsonl`.
+
+    `verifier` grades the answers (the caller closes it); without one, a verifier of the run's own does.
+    """
     out_dir = Path(out_dir)
-    check_settings(out_dir, run_record(model, settings, problems_by_task, samples))
+    evicting = any(policy != FULL for policy in policies)
+    check_settings(out_dir, run_record(model, settings, problems_by_task, samples, evicting=evicting))
     results_path = out_dir / RESULTS_FILE
     done = {
         sample_key(r["task"], r["id"], r["policy"], r["budget"], r["sample"]) for r in read_results(results_path)
@@ -339,7 +353,8 @@ def run_eval(
     total = sum(len(problems) for problems in problems_by_task.values()) * samples * len(runs)
     eos_ids = _eos_ids(model, tokenizer)
     bar = _progress_bar(total, total - sum(len(batch) for *_, batch in work), progress)
-    verifier = Verifier()
+    own_verifier = verifier is None
+    verifier = Verifier() if own_verifier else verifier
     try:
         for task, run, batch_index, batch in work:
             bar.set_description(f"{task} {run.policy} {run.budget or 'full'}")
@@ -360,7 +375,8 @@ def run_eval(
                 handle.writelines(lines)
             bar.update(len(batch))
     finally:
-        verifier.close()
+        if own_verifier:
+            verifier.close()
         bar.close()
     return results_path
 

@@ -113,6 +113,10 @@ def _forward(lines, replies: queue.Queue) -> None:
     replies.put(None)
 
 
+class VerifierStartError(RuntimeError):
+    """The `math-verify` process did not start (not importable, or no answer in time)."""
+
+
 class Verifier:
     """Verdicts of `math-verify` with a hard time limit each, in a process of capped memory.
 
@@ -133,7 +137,7 @@ class Verifier:
         `timeout_s` seconds (the child is then killed and the next verdict starts a new one),
         `Overrun.MEMORY` when it needs more than `memory_limit_bytes`."""
         if self._process is None or self._process.poll() is not None:
-            self._start()
+            self.start()
         try:
             self._process.stdin.write(json.dumps([gold, answer]) + "\n")
             self._process.stdin.flush()
@@ -146,7 +150,9 @@ class Verifier:
         verdict = json.loads(reply)
         return Overrun(verdict) if isinstance(verdict, str) else bool(verdict)
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start a new child process, as a verdict does when there is none: call it first to learn
+        before any other work that `math-verify` cannot start (`VerifierStartError`, which says why)."""
         self.close()
         self._process = subprocess.Popen(
             [sys.executable, "-c", RUN_BY_PATH, str(Path(__file__).resolve()), json.dumps(self.memory_limit_bytes)],
@@ -163,7 +169,7 @@ class Verifier:
         message = json.loads(first) if first is not None else f"it exited with code {self._process.wait()}"
         if message != READY:
             self.close()
-            raise RuntimeError(f"grading: the math-verify process did not start ({message})")
+            raise VerifierStartError(f"grading: the math-verify process did not start ({message})")
 
     def close(self) -> None:
         """Stop the child process, if any."""
