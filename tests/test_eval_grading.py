@@ -45,11 +45,12 @@ THINKING = (
         ("Thus the answer is $\\frac{3}{4}$.", "\\frac{3}{4}"),
         ("#### Step 1: set up\nWe add.\n#### Step 2: compute\n\nThe final answer is 42.", "42"),
         ("The total is 7.\n#### -1,250.5.", "-1,250.5"),
+        ("She earns 1,234 dollars.\n#### $1,234", "1,234"),
         ("I answered 3 of them. After all that: 7", None),
         ("I answered 3 of them, so the answer is 7.", "7"),
     ],
     ids=["nested-dfrac", "escaped-braces", "multiple-boxed", "units", "fbox", "line-break-then-group", "boxed-space", "boxed-space-then-group", "gsm8k", "gsm8k-comma",
-         "final-answer-line", "answer-is", "markdown-headings", "gsm8k-signed-decimal", "answered-is-not-answer",
+         "final-answer-line", "answer-is", "markdown-headings", "gsm8k-signed-decimal", "gsm8k-dollars", "answered-is-not-answer",
          "answer-after-answered"],
 )
 def test_extract_answer(text, expected):

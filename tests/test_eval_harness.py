@@ -240,8 +240,12 @@ def test_bad_eval_arguments_exit_with_status_2(argv, fragment, capsys):
         (["eval", "--model", "some/model"], "--out"),
         (["eval", "--policies", "full", "--budgets", "10"], "--budgets: only the evicting policies use it"),
         (["eval", "--policies", "full", "--window", "5000"], "--window: only the evicting policies use it"),
+        (["eval", "--policies", "full,h2o", "--score-mode", "emitted"],
+         "--score-mode: none of --policies observes the window's attention"),
+        (["eval", "--tasks", "gsm8k", "--problems", "5"], "--problems: only the 'testbed' task uses it"),
     ],
-    ids=["unknown-task", "budget-below-window", "model-without-out", "budgets-of-full-alone", "window-of-full-alone"],
+    ids=["unknown-task", "budget-below-window", "model-without-out", "budgets-of-full-alone", "window-of-full-alone",
+         "score-mode-of-policies-that-do-not-observe", "problems-without-the-testbed-task"],
 )
 def test_bad_eval_inputs_return_status_1(argv, fragment, capsys):
     assert main(argv) == 1

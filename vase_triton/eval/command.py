@@ -31,6 +31,7 @@ from vase_triton.commands.common import (
     resolve_device,
     resolve_dtype,
     sampling_settings,
+    why_ignored,
 )
 from vase_triton.config import SCORE_MODES, VaSEConfig
 from vase_triton.policies import POLICIES
@@ -55,7 +56,7 @@ def _positive_seconds(text: str) -> float:
 
 
 def add_eval_command(commands) -> None:
-    from vase_triton.eval.tasks import HUB_TASKS
+    from vase_triton.eval.tasks import DEFAULT_TESTBED_PROBLEMS, HUB_TASKS
 
     policies = list(POLICIES)
     parser = commands.add_parser(
@@ -76,13 +77,14 @@ def add_eval_command(commands) -> None:
     parser.add_argument("--budgets", type=comma_list(positive_int, "positive integers"),
                         help="comma-separated budgets in tokens (default 1024,2048,4096; testbed: 2x,4x,8x)")
     parser.add_argument("--window", type=positive_int, help=f"recent/observation window (default {DEFAULT_WINDOW}; 16 for the testbed)")
-    parser.add_argument("--score-mode", default=VaSEConfig().score_mode, choices=SCORE_MODES,
+    parser.add_argument("--score-mode", choices=SCORE_MODES,
                         help="window attention of vase/snapkv/rkv: recompute (the paper's, default) or emitted")
     parser.add_argument("--samples", type=positive_int, help="samples per problem (default 8; 1 for the testbed)")
     parser.add_argument("--max-new-tokens", type=positive_int, help="generation limit (default 32768)")
     parser.add_argument("--batch-size", type=positive_int, help="rows generated together (default 16; 64 for the testbed)")
     parser.add_argument("--limit", type=positive_int, help="only the first N problems of each task")
-    parser.add_argument("--problems", type=positive_int, default=64, help="testbed problems to generate (default 64)")
+    parser.add_argument("--problems", type=positive_int,
+                        help=f"problems of the testbed task to generate (default {DEFAULT_TESTBED_PROBLEMS})")
     parser.add_argument("--out", help="output directory (default: vase-eval-testbed without --model)")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="run seed: decoding and eviction seeds derive from it")
     parser.add_argument("--temperature", type=finite_float(), help="override the generation config's temperature (0 = greedy)")
@@ -146,7 +148,7 @@ def _model_plan(args) -> _EvalPlan:
 def run_eval_command(args) -> int:
     from vase_triton.eval.runner import FULL
     from vase_triton.eval.summary import AVERAGE
-    from vase_triton.eval.tasks import TaskError, load_task, task_label
+    from vase_triton.eval.tasks import DEFAULT_TESTBED_PROBLEMS, TESTBED_TASK, TaskError, load_task, task_label
     from vase_triton.eval.verifier import Verifier, VerifierStartError
 
     device = resolve_device(args.device)
@@ -158,12 +160,17 @@ def run_eval_command(args) -> int:
             if given is not None:
                 raise CommandError(f"{option}: only the evicting policies use it, and --policies runs 'full' alone; "
                                    f"drop {option}")
+    if args.score_mode is not None and all(why_ignored("score_mode", POLICIES[p], None) for p in args.policies):
+        raise CommandError("--score-mode: none of --policies observes the window's attention; drop --score-mode")
+    if args.problems is not None and TESTBED_TASK not in plan.tasks:
+        raise CommandError(f"--problems: only the {TESTBED_TASK!r} task uses it, and --tasks has none; drop --problems")
+    score_mode = args.score_mode or VaSEConfig().score_mode
     for policy in args.policies:
         if policy == FULL:  # no budget or window (`runner.Run.config`)
             continue
         for budget in plan.budgets:
             try:
-                VaSEConfig(policy=policy, budget=budget, window=plan.window, score_mode=args.score_mode)
+                VaSEConfig(policy=policy, budget=budget, window=plan.window, score_mode=score_mode)
             except (ValueError, TypeError) as error:
                 given = f"--budgets: {budget}" if args.window is None else f"--budgets/--window: {budget}/{plan.window}"
                 raise CommandError(f"{given} with {policy!r}: {error}") from None
@@ -184,7 +191,8 @@ def run_eval_command(args) -> int:
             )
     try:
         problems = {
-            label: load_task(task, limit=args.limit, testbed_problems=args.problems) for label, task in labels.items()
+            label: load_task(task, limit=args.limit, testbed_problems=args.problems or DEFAULT_TESTBED_PROBLEMS)
+            for label, task in labels.items()
         }
     except TaskError as error:
         raise CommandError(str(error)) from None
@@ -193,10 +201,10 @@ def run_eval_command(args) -> int:
             verifier.start()  # before the model loads: an installed math-verify may still fail to import
         except VerifierStartError as error:
             raise CommandError(f"eval: {error}") from None
-        return _evaluate(args, plan, problems, device, dtype, verifier)
+        return _evaluate(args, plan, problems, score_mode, device, dtype, verifier)
 
 
-def _evaluate(args, plan: _EvalPlan, problems: dict, device, dtype, verifier) -> int:
+def _evaluate(args, plan: _EvalPlan, problems: dict, score_mode: str, device, dtype, verifier) -> int:
     """Load the model, run or resume the plan, grading with `verifier`, and print the summary."""
     from vase_triton.eval.runner import EvalSettings, RunError, planned_records, run_eval
     from vase_triton.eval.summary import markdown_table, write_summary
@@ -215,7 +223,7 @@ def _evaluate(args, plan: _EvalPlan, problems: dict, device, dtype, verifier) ->
     settings = EvalSettings(
         model=plan.label, max_new_tokens=plan.max_new_tokens, batch_size=plan.batch_size, window=plan.window,
         seed=args.seed, sampling=sampling_settings(model, args.temperature, args.top_p, args.top_k),
-        grading_timeout_s=args.grading_timeout, score_mode=args.score_mode,
+        grading_timeout_s=args.grading_timeout, score_mode=score_mode,
     )
     try:
         results = run_eval(

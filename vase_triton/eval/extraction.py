@@ -16,7 +16,9 @@ import re
 from typing import Optional
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
-_HASH_ANSWER = re.compile(r"####[ \t]*([-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)[ \t]*\.?[ \t]*$", re.MULTILINE)
+_HASH_ANSWER = re.compile(
+    r"####[ \t]*\$?[ \t]*([-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)[ \t]*\.?[ \t]*$", re.MULTILINE
+)
 _ANSWER_LINE = re.compile(
     r"\b(?:final\s+answer\s*(?:is\b|:|=|\*\*|$)|answer\s*(?:\*\*\s*)?(?:is\b|:|=))[ \t]*[:=*]*[ \t]*(.*)",
     re.IGNORECASE | re.MULTILINE,

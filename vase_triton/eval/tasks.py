@@ -93,6 +93,7 @@ HUB_TASKS: dict[str, HubTask] = {
     "hmmt25": HubTask("MathArena/hmmt_feb_2025", None, "train", _plain("problem", "answer", ("problem_idx",))),
 }
 TESTBED_TASK = "testbed"
+DEFAULT_TESTBED_PROBLEMS = 64
 
 
 def load_jsonl(path: Path) -> list[Problem]:
@@ -182,7 +183,9 @@ def _load_hub(name: str, spec: HubTask) -> list[Problem]:
     return [spec.convert(name, index, dict(row)) for index, row in enumerate(rows)]
 
 
-def load_task(name: str, *, limit: Optional[int] = None, testbed_problems: int = 64) -> list[Problem]:
+def load_task(
+    name: str, *, limit: Optional[int] = None, testbed_problems: int = DEFAULT_TESTBED_PROBLEMS
+) -> list[Problem]:
     """The problems of task `name` (first `limit` of them when given)."""
     if name == TESTBED_TASK:
         from vase_triton.testbed.harness import testbed_problems as make
