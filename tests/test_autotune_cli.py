@@ -381,6 +381,19 @@ def test_an_unusable_store_directory_is_a_one_line_error(
     assert err.count("\n") == 1 and not fake_gpu
 
 
+def test_a_store_directory_that_cannot_be_made_is_a_one_line_error_before_any_candidate(
+    tiny_config_path, monkeypatch, fake_gpu, capsys
+):
+    monkeypatch.setenv("VASE_AUTOTUNE_DIR", "/proc/vase-no-such-directory/autotune")
+    argv = ["autotune", "--config", str(tiny_config_path), "--batch", "2", "--budget", "128", "--prompt-len", "4",
+            "--dtype", "float32", "--kernels", "append"]  # fmt: skip
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("vase-triton: error: autotune: VASE_AUTOTUNE_DIR: expected a directory that can be made; "
+                          "cannot make '/proc/vase-no-such-directory/autotune' (No such file or directory)")
+    assert err.count("\n") == 1 and not fake_gpu
+
+
 def test_output_piped_into_a_reader_that_stops_ends_quietly(config_path):
     """`vase-triton autotune --dry-run | head -1`: the reader closes the pipe first; no traceback."""
     process = subprocess.Popen(

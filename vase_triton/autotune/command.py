@@ -233,6 +233,13 @@ def _tune_all(launches: list[tuple[str, tuple]], profile: DeviceProfile, args) -
 
     device = _tuning_device()
     store_file = store.StoreFile(_store_directory(), profile)
+    try:  # before the first candidate compiles, not when its result is stored
+        store_file.path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CommandError(
+            f"autotune: VASE_AUTOTUNE_DIR: expected a directory that can be made; cannot make "
+            f"{str(store_file.path.parent)!r} ({error.strerror or error})"
+        ) from None
     deadline = time.monotonic() + args.time_limit if args.time_limit else None
     print(f"tuning {len(launches)} keys on {profile.describe()}, Triton {triton.__version__}, torch {torch.__version__}")
     print(f"store: {store_file.path}")
