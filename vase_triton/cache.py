@@ -51,7 +51,9 @@ from vase_triton.policies import (
     policy_importance,
 )
 from vase_triton.seeding import GUMBEL_STREAM, stream_key
-from vase_triton.validation import FLOAT_DTYPES, check_head_dim, check_lengths, check_non_negative_int, check_rank, host_checks_allowed
+from vase_triton.validation import (
+    FLOAT_DTYPES, check_head_dim, check_lengths, check_non_negative_int, check_rank, host_checks_allowed,
+)
 
 
 def _check_count(name: str, value: object) -> int:
