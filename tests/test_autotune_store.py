@@ -82,14 +82,34 @@ def test_round_trip_keeps_every_field(tmp_path):
     assert store.StoreFile(tmp_path, PROFILE).path.name == f"NVIDIA_Test_GPU-100sm-triton-{triton.__version__}.json"
 
 
+def decode_fields(batch: int, capacity: int) -> dict:
+    return DecodeShape(batch, 32, 8, capacity, 128, "bfloat16", False)._asdict()
+
+
 def test_an_entry_replaces_the_trials_of_its_key(tmp_path):
     file = store.StoreFile(tmp_path, PROFILE)
     params = dict(block_n=32, num_warps=4, num_stages=3, num_splits=2)
-    key = decode_key(1, 64)
-    file.update(lambda doc: store.put_trial(doc, "decode", HASH, key, params, {"ms": 0.5}))
-    assert store.trials(file.read(), "decode", HASH, key) == {store.params_id(params): {"ms": 0.5}}
+    key, fields = decode_key(1, 64), decode_fields(1, 64)
+    file.update(lambda doc: store.put_trial(doc, "decode", HASH, key, params, {"ms": 0.5}, fields))
+    assert store.trials(file.read(), "decode", HASH, key, fields) == {store.params_id(params): {"ms": 0.5}}
     file.update(lambda doc: store.put_entry(doc, "decode", HASH, key, make_entry(32, 0.5)))
-    assert store.trials(file.read(), "decode", HASH, key) == {}
+    assert store.trials(file.read(), "decode", HASH, key, fields) == {}
+
+
+def test_trials_are_of_one_shape_of_their_key(tmp_path):
+    """Batch 5 and batch 4 share a key; a trial of one is not the other's, and a trial of the
+    second shape drops the first shape's."""
+    file = store.StoreFile(tmp_path, PROFILE)
+    first = dict(block_n=32, num_warps=4, num_stages=3, num_splits=2)
+    second = {**first, "block_n": 64}
+    key, five, four = decode_key(4, 4096), decode_fields(5, 4096), decode_fields(4, 4096)
+    assert DecodeShape(**five).key() == DecodeShape(**four).key() == key
+    file.update(lambda doc: store.put_trial(doc, "decode", HASH, key, first, {"ms": 0.5}, five))
+    assert store.trials(file.read(), "decode", HASH, key, four) == {}
+    file.update(lambda doc: store.put_trial(doc, "decode", HASH, key, second, {"error": "CompilationError"}, four))
+    found = store.trials(file.read(), "decode", HASH, key, four)
+    assert found == {store.params_id(second): {"error": "CompilationError"}}
+    assert store.trials(file.read(), "decode", HASH, key, five) == {}
 
 
 def test_nearest_bucket_within_the_distance_limit(tmp_path):
@@ -283,7 +303,8 @@ def _write_many(directory: str, writer: int, count: int) -> None:
     for index in range(count):
         key = decode_key(writer, index)
         params = dict(block_n=32, num_warps=4, num_stages=3, num_splits=index + 1)
-        file.update(lambda doc: store.put_trial(doc, "decode", HASH, key, params, {"ms": 1.0}))
+        fields = decode_fields(writer, index)
+        file.update(lambda doc: store.put_trial(doc, "decode", HASH, key, params, {"ms": 1.0}, fields))
         file.update(lambda doc: store.put_entry(doc, "decode", HASH, key, make_entry(32, 0.01 * (index + 1))))
 
 

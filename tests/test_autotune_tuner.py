@@ -122,8 +122,8 @@ def test_a_candidate_that_fails_to_launch_is_skipped(store_file, device):
     assert result.entry.winner.params != failing and result.entry.rejected == 1
 
 
-def _recorded(store_file) -> dict[str, dict]:
-    return store.trials(store_file.read(), "append", SPACES["append"].source_hash(), APPEND.key())
+def _recorded(store_file, shape=APPEND) -> dict[str, dict]:
+    return store.trials(store_file.read(), "append", SPACES["append"].source_hash(), shape.key(), shape._asdict())
 
 
 def test_running_out_of_memory_is_not_held_against_the_candidate(store_file, device):
@@ -165,7 +165,9 @@ def test_stored_times_beyond_floats_are_not_resumed_from(store_file, device):
     """A hand-edited trial whose time no float holds is tried again, not carried into the entry."""
     _, candidates = tuner.candidate_list("append", APPEND, device)
     source_hash = SPACES["append"].source_hash()
-    store_file.update(lambda doc: store.put_trial(doc, "append", source_hash, APPEND.key(), candidates[1], {"ms": 10**400}))
+    unusable = {"ms": 10**400}
+    store_file.update(lambda doc: store.put_trial(doc, "append", source_hash, APPEND.key(), candidates[1], unusable,
+                                                  APPEND._asdict()))  # fmt: skip
     holder = {}
     result = tuner.tune("append", APPEND, device, store_file, timer=timer_by({}, holder),
                         problem_factory=rigged_factory(holder))  # fmt: skip
@@ -210,7 +212,7 @@ def test_an_interrupted_run_resumes_with_the_remaining_candidates(store_file, de
 
     with pytest.raises(KeyboardInterrupt):
         tuner.tune("append", APPEND, device, store_file, timer=interrupting_timer, problem_factory=rigged_factory(holder))
-    recorded = store.trials(store_file.read(), "append", SPACES["append"].source_hash(), APPEND.key())
+    recorded = _recorded(store_file)
     assert set(recorded) == {store.params_id(params) for params in timed}
 
     result = tuner.tune("append", APPEND, device, store_file, timer=timer_by(times, holder),
@@ -218,7 +220,30 @@ def test_an_interrupted_run_resumes_with_the_remaining_candidates(store_file, de
     resumed = holder["problem"].checked
     assert [store.params_id(p) for p in resumed] == [store.params_id(p) for p in candidates[2:]]
     assert result.completed and result.entry.winner.params == candidates[-1]
-    assert store.trials(store_file.read(), "append", SPACES["append"].source_hash(), APPEND.key()) == {}
+    assert _recorded(store_file) == {}
+
+
+def test_a_run_resumed_at_another_shape_of_the_key_times_every_candidate(store_file, device):
+    """Batch 3 and batch 4 share a key: times of the interrupted batch-3 run are not the batch-4
+    candidates' own, so none is reused, and the entry is of batch 4 alone."""
+    interrupted, resumed = APPEND._replace(batch=3), APPEND._replace(batch=4)
+    assert interrupted.key() == resumed.key()
+    holder = {}
+
+    def interrupting_timer(launch) -> float:
+        if len(holder["problem"].launched) > 2:
+            raise KeyboardInterrupt
+        return timer_by({}, holder)(launch)
+
+    with pytest.raises(KeyboardInterrupt):
+        tuner.tune("append", interrupted, device, store_file, timer=interrupting_timer,
+                   problem_factory=rigged_factory(holder))  # fmt: skip
+    assert _recorded(store_file, interrupted) and not _recorded(store_file, resumed)
+    _, candidates = tuner.candidate_list("append", resumed, device)
+    result = tuner.tune("append", resumed, device, store_file, timer=timer_by({}, holder),
+                        problem_factory=rigged_factory(holder))  # fmt: skip
+    assert holder["problem"].checked == candidates
+    assert result.entry.shape == resumed._asdict() and result.entry.candidates == len(candidates)
 
 
 def test_a_passed_deadline_starts_no_candidate(store_file, device):

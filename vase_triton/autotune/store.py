@@ -12,19 +12,22 @@ File `<dir>/<device>-<SMs>sm-triton-<version>.json`, e.g. `NVIDIA_H200-132sm-tri
              "default": {"params": {...}, "ms": 0.030},    (null if the heuristic failed its check)
              "runner_up": {"params": {...}, "ms": 0.022},  (null with one valid candidate)
              "candidates": 27, "rejected": 2, "shape": {...}}},
-         "trials": {"<key being tuned>": {"<params id>": {"ms": 0.03} | {"error": "..."}}}}}}
+         "trials": {"<key being tuned>": {"<params id>": {"ms": 0.03, "shape": {...}}
+                                                       | {"error": "...", "shape": {...}}}}}}}
 
 A kernel section whose `source_hash` differs from the running kernel's is stale: ignored
 when read, replaced when written. `trials` hold every candidate timed for a key whose
 tuning has not finished, so an interrupted run resumes; they are dropped once the entry
-is written. Writers hold `<file>.lock`, re-read the file, apply their change and replace
-it atomically (temporary file + `os.replace`, keeping the file's permissions), so
-concurrent tuners never lose or corrupt each other's results and readers never see a
-partial file; a temporary file a killed writer left is removed by the next writer. A
-file that cannot be read or decoded, is not valid JSON, is truncated, has another
-schema, belongs to another Triton version or device, or holds a malformed entry or key
-is ignored with one warning; the next writer moves it aside to
-`<file>.unusable-<UTC time>` (so nothing in it is lost) and starts a new file.
+is written. Trials are of one launch shape: a run that resumes a key at another shape of
+its bucket (batch 4 after batch 5) times every candidate again. Writers hold
+`<file>.lock`, re-read the file, apply their change and replace it atomically (temporary
+file + `os.replace`, keeping the file's permissions), so concurrent tuners never lose or
+corrupt each other's results and readers never see a partial file; a temporary file a
+killed writer left is removed by the next writer. A file that cannot be read or decoded,
+is not valid JSON, is truncated, has another schema, belongs to another Triton version
+or device, or holds a malformed entry or key is ignored with one warning; the next
+writer moves it aside to `<file>.unusable-<UTC time>` (so nothing in it is lost) and
+starts a new file.
 """
 
 from __future__ import annotations
@@ -354,12 +357,18 @@ def entries(document: Optional[dict], kernel: str, source_hash: str) -> dict[str
     return {key: Entry.from_json(entry) for key, entry in section.get("entries", {}).items()}
 
 
-def trials(document: Optional[dict], kernel: str, source_hash: str, key: str) -> dict[str, dict]:
-    """Recorded candidate results of an unfinished tuning of `key`, by params id."""
+def trials(document: Optional[dict], kernel: str, source_hash: str, key: str, shape: dict) -> dict[str, dict]:
+    """Recorded candidate results of an unfinished tuning of `key` at `shape` (a launch shape's
+    fields), by params id. Results timed at another shape of the same key are not returned."""
     section = kernel_section(document, kernel, source_hash)
     if section is None:
         return {}
-    return dict(section.get("trials", {}).get(key, {}))
+    by_params = section.get("trials", {}).get(key, {})
+    return {
+        pid: {field: value for field, value in trial.items() if field != "shape"}
+        for pid, trial in by_params.items()
+        if trial.get("shape") == shape
+    }
 
 
 def _section_for_write(document: dict, kernel: str, source_hash: str) -> dict:
@@ -372,10 +381,14 @@ def _section_for_write(document: dict, kernel: str, source_hash: str) -> dict:
     return section
 
 
-def put_trial(document: dict, kernel: str, source_hash: str, key: str, params: dict, result: dict) -> None:
-    """Record one candidate's result (`{"ms": t}` or `{"error": text}`) for an unfinished key."""
+def put_trial(document: dict, kernel: str, source_hash: str, key: str, params: dict, result: dict, shape: dict) -> None:
+    """Record one candidate's result (`{"ms": t}` or `{"error": text}`) at `shape` for an unfinished
+    key, dropping the key's results of any other shape (times of two shapes do not compare)."""
     section = _section_for_write(document, kernel, source_hash)
-    section["trials"].setdefault(key, {})[params_id(params)] = result
+    by_params = section["trials"].setdefault(key, {})
+    if any(trial.get("shape") != shape for trial in by_params.values()):
+        by_params.clear()
+    by_params[params_id(params)] = {**result, "shape": shape}
 
 
 def put_entry(document: dict, kernel: str, source_hash: str, key: str, entry: Entry) -> None:

@@ -164,8 +164,9 @@ def tune(
     space = SPACES[kernel]
     key, source_hash = space.key(shape), space.source_hash()
     default, candidates = candidate_list(kernel, shape, device)
-    document = store_file.read()
-    trials = {pid: trial for pid, trial in store.trials(document, kernel, source_hash, key).items() if _valid_trial(trial)}
+    document, fields = store_file.read(), shape._asdict()
+    recorded = store.trials(document, kernel, source_hash, key, fields)
+    trials = {pid: trial for pid, trial in recorded.items() if _valid_trial(trial)}
     problem = None
     for params in candidates:
         pid = store.params_id(params)
@@ -176,7 +177,7 @@ def tune(
                 problem = problem_factory(kernel, shape, device, default, _partner(kernel, shape, device, document))
             result = run_trial(problem, params, timer)
             trials[pid] = result
-            store_file.update(lambda doc: store.put_trial(doc, kernel, source_hash, key, params, result))
+            store_file.update(lambda doc: store.put_trial(doc, kernel, source_hash, key, params, result, fields))
             if "error" in result and not _device_works(device):
                 raise DeviceFailure(
                     f"the GPU stopped working after {kernel} {key} candidate {pid} failed ({result['error']}); "
