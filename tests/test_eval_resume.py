@@ -60,6 +60,22 @@ def test_resume_refuses_settings_that_change_recorded_results(tmp_path, capsys, 
 
 
 @pytest.mark.parametrize(
+    "change, named",
+    [(["--seed", "7"], "seed: 0 there, 7 now"), (["--max-new-tokens", "8"], "max_new_tokens: 6 there, 8 now"),
+     (["--problems", "4"], "problems 2 there, 4 now")],
+    ids=["seed", "max-new-tokens", "problems"],
+)  # fmt: skip
+def test_settings_that_do_not_depend_on_the_model_are_refused_before_it_loads(tmp_path, capsys, monkeypatch, change,
+                                                                              named):
+    out = tmp_path / "run"
+    assert main(TESTBED + ["--problems", "2", "--out", str(out)]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr("vase_triton.testbed.model.load_testbed", lambda **_: pytest.fail("the model was loaded"))
+    assert main(TESTBED + ["--problems", "2", *change, "--out", str(out)]) == 1
+    assert named in _one_line_error(capsys)
+
+
+@pytest.mark.parametrize(
     "first, final",
     [
         (["--problems", "2", "--samples", "1", "--batch-size", "2"], ["--problems", "4", "--samples", "1", "--batch-size", "2"]),

@@ -146,7 +146,7 @@ def _model_plan(args) -> _EvalPlan:
 
 
 def run_eval_command(args) -> int:
-    from vase_triton.eval.runner import FULL
+    from vase_triton.eval.runner import FULL, RunError, plan_record, precheck_settings
     from vase_triton.eval.summary import AVERAGE
     from vase_triton.eval.tasks import DEFAULT_TESTBED_PROBLEMS, TESTBED_TASK, TaskError, load_task, task_label
     from vase_triton.eval.verifier import Verifier, VerifierStartError
@@ -196,16 +196,26 @@ def run_eval_command(args) -> int:
         }
     except TaskError as error:
         raise CommandError(str(error)) from None
+    fields = dict(
+        model=plan.label, max_new_tokens=plan.max_new_tokens, batch_size=plan.batch_size, window=plan.window,
+        seed=args.seed, grading_timeout_s=args.grading_timeout, score_mode=score_mode,
+    )  # fmt: skip
+    evicting = any(policy != FULL for policy in args.policies)
+    try:  # before the model loads: a refused --out should not wait for a checkpoint
+        precheck_settings(plan.out_dir, plan_record(fields, problems, plan.samples, evicting=evicting))
+    except RunError as error:
+        raise CommandError(str(error)) from None
     with Verifier() as verifier:
         try:
             verifier.start()  # before the model loads: an installed math-verify may still fail to import
         except VerifierStartError as error:
             raise CommandError(f"eval: {error}") from None
-        return _evaluate(args, plan, problems, score_mode, device, dtype, verifier)
+        return _evaluate(args, plan, problems, fields, device, dtype, verifier)
 
 
-def _evaluate(args, plan: _EvalPlan, problems: dict, score_mode: str, device, dtype, verifier) -> int:
-    """Load the model, run or resume the plan, grading with `verifier`, and print the summary."""
+def _evaluate(args, plan: _EvalPlan, problems: dict, fields: dict, device, dtype, verifier) -> int:
+    """Load the model, run or resume the plan with the settings `fields` and the model's
+    sampling, grading with `verifier`, and print the summary."""
     from vase_triton.eval.runner import EvalSettings, RunError, planned_records, run_eval
     from vase_triton.eval.summary import markdown_table, write_summary
     from vase_triton.eval.verifier import MEMORY_LIMIT_BYTES, Overrun, VerifierStartError
@@ -220,11 +230,7 @@ def _evaluate(args, plan: _EvalPlan, problems: dict, score_mode: str, device, dt
             raise CommandError(str(error)) from None
     else:
         model, tokenizer = load_model(args.model, device, dtype)
-    settings = EvalSettings(
-        model=plan.label, max_new_tokens=plan.max_new_tokens, batch_size=plan.batch_size, window=plan.window,
-        seed=args.seed, sampling=sampling_settings(model, args.temperature, args.top_p, args.top_k),
-        grading_timeout_s=args.grading_timeout, score_mode=score_mode,
-    )
+    settings = EvalSettings(**fields, sampling=sampling_settings(model, args.temperature, args.top_p, args.top_k))
     try:
         results = run_eval(
             model, tokenizer, problems, policies=args.policies, budgets=plan.budgets, samples=plan.samples,

@@ -160,24 +160,31 @@ def weights_digest(model, values_per_end: int = 16) -> str:
     return digest.hexdigest()[:16]
 
 
-def run_record(
-    model, settings: EvalSettings, problems_by_task: dict[str, list[Problem]], samples: int, *, evicting: bool = True
+def plan_record(
+    fields: dict, problems_by_task: dict[str, list[Problem]], samples: int, *, evicting: bool = True
 ) -> dict:
-    """What `run.json` holds: the settings, the model's dtype, device and weights digest, the
-    implementation its ops run (`triton` or `torch`, which draw different noise) and each
-    task's planned batches. Without `evicting` policies, `EVICTION_SETTINGS` are None."""
+    """The part of `run.json` known before a model loads: `fields` (settings, with `batch_size`)
+    and each task's planned batches. Without `evicting` policies, `EVICTION_SETTINGS` are None."""
     tasks = {
         task: {
             "samples": samples, "problems": len(problems),
-            "batches": batch_digests(problems, samples, settings.batch_size),
+            "batches": batch_digests(problems, samples, fields["batch_size"]),
         }
         for task, problems in problems_by_task.items()
     }
-    dtype = str(model.dtype).removeprefix("torch.")
     unused = {} if evicting else dict.fromkeys(EVICTION_SETTINGS)
+    return {**fields, **unused, "tasks": tasks}
+
+
+def run_record(
+    model, settings: EvalSettings, problems_by_task: dict[str, list[Problem]], samples: int, *, evicting: bool = True
+) -> dict:
+    """What `run.json` holds: `plan_record` of the settings, the model's dtype, device and weights
+    digest, and the implementation its ops run (`triton` or `torch`, which draw different noise)."""
     return {
-        **settings.comparable(), **unused, "dtype": dtype, "device": str(model.device),
-        "weights": weights_digest(model), "kernels": "triton" if use_triton(model.device) else "torch", "tasks": tasks,
+        **plan_record(settings.comparable(), problems_by_task, samples, evicting=evicting),
+        "dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device), "weights": weights_digest(model),
+        "kernels": "triton" if use_triton(model.device) else "torch",
     }
 
 
@@ -208,39 +215,62 @@ def _read_record(path: Path) -> dict:
     return record
 
 
-def check_settings(out_dir: Path, record: dict) -> None:
-    """Record `record` (see `run_record`) in `out_dir`, or refuse a directory holding results a
-    fresh run with these settings would not write."""
+def _binding_record(out_dir: Path) -> Optional[dict]:
+    """The settings record that results in `out_dir` bind a run to, or None when none does.
+    Settings recorded by a run that wrote no result yet bind nothing: they are replaced."""
     if out_dir.exists() and not out_dir.is_dir():
         raise RunError(f"--out: expected a directory; {out_dir} is a file")
-    path = out_dir / SETTINGS_FILE
-    results = out_dir / RESULTS_FILE
-    if not path.exists() and results.exists() and results.stat().st_size > 0:
+    path, results = out_dir / SETTINGS_FILE, out_dir / RESULTS_FILE
+    if not (results.exists() and results.stat().st_size > 0):
+        return None
+    if not path.exists():
         raise RunError(
             f"--out: {out_dir} holds results but no {SETTINGS_FILE} recording their settings; use another --out"
         )
-    # Settings recorded by a run that wrote no result yet bind nothing: they are replaced.
-    if path.exists() and results.exists() and results.stat().st_size > 0:
-        previous = _read_record(path)
-        unbound = {
-            key for key in EVICTION_SETTINGS if record.get(key) is None or (key in previous and previous[key] is None)
-        }
-        changed = [
-            f"{key}: {repr(previous[key]) if key in previous else 'not recorded'} there, {record[key]!r} now"
-            for key in sorted(record) if key != "tasks" and key not in unbound and previous.get(key) != record[key]
-        ]
-        if not isinstance(previous.get("tasks"), dict):
-            raise RunError(f"--out: expected {path} to record each task's batches; it does not; use another --out")
-        previous_tasks = previous["tasks"]
-        for task, plan in record["tasks"].items():
-            change = None if task not in previous_tasks else _task_change(previous_tasks[task], plan)
-            if change:
-                changed.append(f"task {task!r}: {change}")
-        if changed:
-            detail = "; ".join(changed)
-            raise RunError(f"--out: {out_dir} holds results of different settings ({detail}); use another --out")
-        bound = {key: previous.get(key) for key in unbound if record.get(key) is None}
-        record = {**record, **bound, "tasks": {**previous_tasks, **record["tasks"]}}
+    previous = _read_record(path)
+    if not isinstance(previous.get("tasks"), dict):
+        raise RunError(f"--out: expected {path} to record each task's batches; it does not; use another --out")
+    return previous
+
+
+def _unbound(previous: dict, record: dict) -> set[str]:
+    """The eviction settings one of the two records leaves open (a run of the full cache alone)."""
+    return {key for key in EVICTION_SETTINGS if record.get(key) is None or (key in previous and previous[key] is None)}
+
+
+def _refuse_changes(out_dir: Path, previous: dict, record: dict) -> None:
+    """Refuse `out_dir` when a field of `record` differs from `previous`, or a task's recorded batches would."""
+    unbound = _unbound(previous, record)
+    changed = [
+        f"{key}: {repr(previous[key]) if key in previous else 'not recorded'} there, {record[key]!r} now"
+        for key in sorted(record) if key != "tasks" and key not in unbound and previous.get(key) != record[key]
+    ]
+    for task, plan in record["tasks"].items():
+        change = None if task not in previous["tasks"] else _task_change(previous["tasks"][task], plan)
+        if change:
+            changed.append(f"task {task!r}: {change}")
+    if changed:
+        detail = "; ".join(changed)
+        raise RunError(f"--out: {out_dir} holds results of different settings ({detail}); use another --out")
+
+
+def precheck_settings(out_dir: Path, record: dict) -> None:
+    """Refuse, before a model loads, an `out_dir` whose results were run with settings other than
+    `record`'s (a `plan_record`); writes nothing. `check_settings` later compares the whole record."""
+    previous = _binding_record(out_dir)
+    if previous is not None:
+        _refuse_changes(out_dir, previous, record)
+
+
+def check_settings(out_dir: Path, record: dict) -> None:
+    """Record `record` (see `run_record`) in `out_dir`, or refuse a directory holding results a
+    fresh run with these settings would not write."""
+    path = out_dir / SETTINGS_FILE
+    previous = _binding_record(out_dir)
+    if previous is not None:
+        _refuse_changes(out_dir, previous, record)
+        bound = {key: previous.get(key) for key in _unbound(previous, record) if record.get(key) is None}
+        record = {**record, **bound, "tasks": {**previous["tasks"], **record["tasks"]}}
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
