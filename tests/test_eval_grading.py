@@ -12,7 +12,7 @@ import pytest
 
 from vase_triton.eval import grading
 from vase_triton.eval.extraction import choice_letter, extract_answer, last_boxed, opens_reasoning
-from vase_triton.eval.grading import canonical, grade, same_string
+from vase_triton.eval.grading import canonical, grade, string_verdict
 from vase_triton.eval.tasks import gsm8k_gold, shuffled_choices
 from vase_triton.eval.verifier import Overrun, Verifier
 
@@ -196,7 +196,7 @@ def test_canonical_forms():
     ],
 )
 def test_string_match_keeps_units_and_digit_groups_apart(answer, gold, same):
-    assert same_string(answer, gold) is same
+    assert (string_verdict(answer, gold) is True) is same
 
 
 @pytest.mark.parametrize(

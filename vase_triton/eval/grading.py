@@ -77,11 +77,6 @@ def string_verdict(answer: str, gold: str) -> Optional[bool]:
     return True if answer_quantity == gold_quantity else None
 
 
-def same_string(answer: str, gold: str) -> bool:
-    """Whether the canonical forms match: equal quantities, and equal units when both have one."""
-    return string_verdict(answer, gold) is True
-
-
 def grade(
     answer: Optional[str], gold: str, *, verifier: Verifier, choices: Optional[Sequence[str]] = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
