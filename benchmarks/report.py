@@ -65,7 +65,7 @@ class Row:
     iqr_s: Optional[float]
     p20_s: Optional[float]
     p80_s: Optional[float]
-    rounds: int
+    rounds: Optional[int]  # None for a row without a timing
 
     @property
     def tflops(self) -> Optional[float]:
@@ -124,7 +124,7 @@ def load_runs(paths: Sequence[Path], prefix: str = "#") -> list[Row]:
     malformed record (a hand-edited field of the wrong type, say).
     """
     rows = []
-    for index, path in enumerate(paths, start=1):
+    for index, (path, label) in enumerate(zip(paths, source_labels(paths)), start=1):
         data = _read_json(Path(path))
         machine_info = data.get("machine_info") if isinstance(data, dict) else None
         info = machine_info.get("vase_bench") if isinstance(machine_info, dict) else None
@@ -132,13 +132,26 @@ def load_runs(paths: Sequence[Path], prefix: str = "#") -> list[Row]:
             raise ValueError(f"{path}: expected a pytest-benchmark JSON written by the vase_triton suites "
                              "(machine_info.vase_bench and benchmarks)")  # fmt: skip
         try:
-            rows.extend(_rows_of_run(data, info, run_id=f"{prefix}{index}", source=Path(path).name))
+            rows.extend(_rows_of_run(data, info, run_id=f"{prefix}{index}", source=label))
         except ValueError as error:
             raise ValueError(f"{path}: {error}") from None
         except (KeyError, TypeError, AttributeError) as error:
             problem = f"no field {error}" if isinstance(error, KeyError) else str(error)
             raise ValueError(f"{path}: malformed record ({type(error).__name__}: {problem})") from None
     return rows
+
+
+def source_labels(paths: Sequence[Path]) -> list[str]:
+    """Each path's file name, with as many of its folders as tell it from the others' (two runs'
+    `attention.json` are `a/attention.json` and `b/attention.json`)."""
+    parts = [Path(path).resolve().parts for path in paths]
+    labels = []
+    for own in parts:
+        depth = 1
+        while depth < len(own) and any(other != own and other[-depth:] == own[-depth:] for other in parts):
+            depth += 1
+        labels.append("/".join(own[-depth:]))
+    return labels
 
 
 def _rows_of_run(data: dict, info: dict, *, run_id: str, source: str) -> list[Row]:
@@ -150,6 +163,9 @@ def _rows_of_run(data: dict, info: dict, *, run_id: str, source: str) -> list[Ro
         value = (roofline or {}).get(name)
         if value is not None and not (is_number(value) and 0 < value < math.inf):
             raise ValueError(f"roofline.{name} must be a positive number; got {value!r}")
+    for name in ("device", "profile", "versions"):
+        if name not in info:
+            raise ValueError(f"machine_info.vase_bench.{name}: missing (the suites' conftest records it)")
     for name, kind in (("device", str), ("profile", str), ("versions", dict), ("timing", str), ("backend", str)):
         if name in info and not isinstance(info[name], kind):
             raise ValueError(f"machine_info.vase_bench.{name}: expected {'a string' if kind is str else 'an object'}; "
@@ -164,7 +180,7 @@ def _rows_of_run(data: dict, info: dict, *, run_id: str, source: str) -> list[Ro
         profile=info["profile"],
         versions=dict(info["versions"]),
         commit=_commit(data.get("commit_info") or {}),
-        date=(data.get("datetime") or "")[:19].replace("T", " "),
+        date=(data.get("datetime") or ABSENT)[:19].replace("T", " "),
         roofline=roofline,
         timing=info.get("timing", ""),
         backend=info.get("backend", "auto"),
@@ -192,12 +208,14 @@ def _read_json(path: Path):
 
 
 def _row(run: Run, bench: dict) -> Row:
-    """One benchmark's row. A NaN, infinite, zero or negative median is no timing (untimed); a NaN
-    or negative IQR, or a non-finite sample, leaves the IQR or the percentiles absent."""
+    """One benchmark's row. A NaN, infinite, zero or negative median is no timing (untimed). The
+    IQR and p20–p80 are linear-interpolation quantiles of the samples (pytest-benchmark's own IQR,
+    another method, only when the samples are not recorded); one sample has no IQR, and a NaN or
+    negative IQR or a non-finite sample leaves the IQR or the percentiles absent."""
     record = Record.from_extra_info(bench["extra_info"])
     stats = bench.get("stats")
     if not stats:
-        return Row(run, record, None, None, None, None, 0)
+        return Row(run, record, None, None, None, None, None)
     for name in ("median", "iqr"):
         if not is_number(stats[name]):
             raise ValueError(f"stats.{name}: expected a number; got {stats[name]!r}")
@@ -207,12 +225,15 @@ def _row(run: Run, bench: dict) -> Row:
     if not is_count(stats["rounds"]):
         raise ValueError(f"stats.rounds: expected a count; got {stats['rounds']!r}")
     if not 0 < stats["median"] < math.inf:
-        return Row(run, record, None, None, None, None, 0)
-    iqr = stats["iqr"] if 0 <= stats["iqr"] < math.inf else None
+        return Row(run, record, None, None, None, None, None)
     data = sorted(float(sample) for sample in samples)
     finite = bool(data) and all(math.isfinite(sample) for sample in data)
     p20 = quantile(data, 0.2) if finite else None
     p80 = quantile(data, 0.8) if finite else None
+    if data:
+        iqr = quantile(data, 0.75) - quantile(data, 0.25) if finite and len(data) > 1 else None
+    else:
+        iqr = stats["iqr"] if stats["rounds"] > 1 and 0 <= stats["iqr"] < math.inf else None
     return Row(run, record, stats["median"], iqr, p20, p80, stats["rounds"])
 
 
@@ -411,9 +432,10 @@ def runs_section(runs: Sequence[Run]) -> list[str]:
     for run in runs:
         roofline = run.roofline or {}
         versions = run.versions
+        cuda = versions.get("cuda") or ("none" if "cuda" in versions else ABSENT)  # recorded as null: a CPU build
         body.append([
             run.id, run.device, run.profile, versions.get("torch") or ABSENT, versions.get("triton") or ABSENT,
-            versions.get("transformers") or ABSENT, versions.get("cuda") or "none", run.commit, run.date,
+            versions.get("transformers") or ABSENT, cuda, run.commit, run.date,
             format_gbs(roofline.get("copy_gbs")), format_number(roofline.get("matmul_tflops")), run.source,
         ])  # fmt: skip
     lines = ["## Runs", ""] + _table(header, body, right_from=len(header))
@@ -584,7 +606,8 @@ def kernel_section(suite: str, rows: Sequence[Row], index: RowIndex) -> list[str
         record = row.record
         cells = [row.run.id] + ([record.kernel] if len(kernels) > 1 else []) + [record.shape, record.provider]
         spread = ABSENT if row.p20_s is None else f"{format_time(row.p20_s)} – {format_time(row.p80_s)}"
-        cells += [format_time(row.median_s), format_time(row.iqr_s), spread, str(row.rounds)]
+        samples = ABSENT if row.rounds is None else str(row.rounds)
+        cells += [format_time(row.median_s), format_time(row.iqr_s), spread, samples]
         if mixed_timing:
             timing = record.details.get("timing")
             cells.append(f"[{timings.index(timing) + 1}]" if timing else ABSENT)
@@ -824,8 +847,9 @@ def comparison_section(changes: Sequence[Change], threshold: float) -> list[str]
 
 def render(
     rows: Sequence[Row], changes: Optional[Sequence[Change]], threshold: float, plots: Sequence[str],
-    plot_note: Optional[str] = None,
+    plot_note: Optional[str] = None, notes: Sequence[str] = (),
 ) -> str:
+    """The markdown report; `notes` (files that added no row) follow the Runs table."""
     runs = list({row.run.id: row.run for row in rows}.values())
     index = RowIndex(rows)
     lines = ["# vase_triton benchmark report", ""]
@@ -833,6 +857,7 @@ def render(
         lines += ["> **Smoke run — not a measurement.** Tiny shapes, run once (on CPU through the Triton "
                   "interpreter) to check that every suite works. Do not quote these times.", ""]  # fmt: skip
     lines += runs_section(runs) + [""]
+    lines += [f"Note: {note}." for note in notes] + ([""] if notes else [])
     gpu_rows = [row for row in rows if not row.run.device.startswith("CPU")]
     if gpu_rows:
         lines += targets_section(gpu_rows, index) + [""]
@@ -873,6 +898,18 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
             ])  # fmt: skip
 
 
+def _spaced_ticks(lengths: Sequence[int], min_ratio: float = 1.2) -> list[int]:
+    """The ascending `lengths` less any within `min_ratio` of the last one kept (on a log axis, 1019
+    and 1024 would print over each other); the largest is kept in place of its near neighbour."""
+    ticks: list[int] = []
+    for length in lengths:
+        if ticks and length < ticks[-1] * min_ratio:
+            ticks[-1] = length
+        else:
+            ticks.append(length)
+    return ticks
+
+
 def plot_curves(rows: Sequence[Row], directory: Path) -> list[str]:
     """`decode_step_latency.png` and `memory.png`: one line per method and run; returns the file names."""
     import matplotlib
@@ -897,9 +934,9 @@ def plot_curves(rows: Sequence[Row], directory: Path) -> list[str]:
             points = [(point.generated, value(point)) for point in row.record.curve if value(point) is not None]
             xs, ys = [x for x, _ in points], [y for _, y in points]
             axis.plot(xs, ys, marker="o", label=f"{row.record.provider} ({row.run.id}, {row.record.shape})")
-        lengths = sorted({point.generated for row in curve_rows for point in row.record.curve})
         axis.set_xscale("log", base=2)
-        axis.set_xticks(lengths, [f"{length / 1024:g}k" if length >= 1024 else str(length) for length in lengths])
+        ticks = _spaced_ticks(sorted({point.generated for row in curve_rows for point in row.record.curve}))
+        axis.set_xticks(ticks, [f"{length / 1024:g}k" if length >= 1024 else str(length) for length in ticks])
         axis.minorticks_off()
         axis.set_xlabel("generated tokens")
         axis.set_ylabel(label)
@@ -917,9 +954,12 @@ def plot_curves(rows: Sequence[Row], directory: Path) -> list[str]:
 # ----------------------------------------------------------------------------- command line
 
 
-def _load_argument(parser: argparse.ArgumentParser, argument: str, paths: Sequence[Path], prefix: str) -> list[Row]:
-    """`load_runs(paths)`, or exit with status 2 and one line naming `argument` when a file is unusable
-    or given twice, or when the files hold no benchmark at all."""
+def _load_argument(
+    parser: argparse.ArgumentParser, argument: str, paths: Sequence[Path], prefix: str
+) -> tuple[list[Row], list[str]]:
+    """`load_runs(paths)` and a note for each file that holds no benchmark (a suite stopped before
+    its first row), or exit with status 2 and one line naming `argument` when a file is unusable or
+    given twice, or when the files hold no benchmark at all."""
     seen = set()
     for path in paths:
         if path.resolve() in seen:
@@ -931,7 +971,9 @@ def _load_argument(parser: argparse.ArgumentParser, argument: str, paths: Sequen
         parser.exit(2, f"{parser.prog}: error: argument {argument}: {error}\n")
     if not rows:
         parser.exit(2, f"{parser.prog}: error: argument {argument}: no benchmark in {', '.join(map(str, paths))}\n")
-    return rows
+    with_rows = {row.run.source for row in rows}
+    empty = [label for label in source_labels(paths) if label not in with_rows]
+    return rows, [f"{label} ({argument}) holds no benchmark: it adds no row" for label in empty]
 
 
 def _percent(text: str) -> float:
@@ -962,7 +1004,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.threshold is not None and not args.compare:
         parser.exit(2, f"{parser.prog}: error: argument --threshold: only means something with --compare\n")
-    rows = _load_argument(parser, "results", args.results, "#")
+    rows, notes = _load_argument(parser, "results", args.results, "#")
     threshold = (DEFAULT_THRESHOLD_PERCENT if args.threshold is None else args.threshold) / 100.0
     changes = None
     if args.compare:
@@ -971,26 +1013,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if path.resolve() in results:
                 parser.exit(2, f"{parser.prog}: error: argument --compare: {path}: also given as a result; "
                                "compare two different runs\n")  # fmt: skip
+        old_rows, old_notes = _load_argument(parser, "--compare", args.compare, "old #")
+        notes += old_notes
         try:
-            changes = compare(rows, _load_argument(parser, "--compare", args.compare, "old #"), threshold)
+            changes = compare(rows, old_rows, threshold)
         except ValueError as error:
             parser.exit(2, f"{parser.prog}: error: {error}\n")
-        if all(change.old_s is None or change.new_s is None for change in changes):
+        if all(change.change is None for change in changes):
             devices = sorted({row.run.device for row in rows})
             parser.exit(2, f"{parser.prog}: error: argument --compare: no timed row matches one of this run by "
-                           f"device, suite, kernel, provider and shape (this run: {', '.join(devices)}); "
-                           "nothing was compared\n")  # fmt: skip
+                           f"device, suite, kernel, provider and shape, with a generated length in common for "
+                           f"end-to-end rows (this run: {', '.join(devices)}); nothing was compared\n")  # fmt: skip
     try:
         args.out.mkdir(parents=True, exist_ok=True)
         try:
             plots, plot_note = plot_curves(rows, args.out), None
         except ImportError:
             plots, plot_note = [], "Plots not drawn: matplotlib is not installed (`pip install -e \".[bench]\"`)."
-        (args.out / "report.md").write_text(render(rows, changes, threshold, plots, plot_note), encoding="utf-8")
+        text = render(rows, changes, threshold, plots, plot_note, notes)
+        (args.out / "report.md").write_text(text, encoding="utf-8")
         write_csv(rows, args.out / "results.csv")
     except OSError as error:
         parser.exit(2, f"{parser.prog}: error: argument --out: {error.filename or args.out}: {error.strerror}\n")
     print(f"report written to {args.out / 'report.md'} ({len(rows)} rows)")
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     regressions = [change for change in changes or () if change.verdict == "REGRESSION"]
     for change in regressions:
         measure = "on the median" if change.measure == MEDIAN else "on the step latencies summed over common lengths"

@@ -41,7 +41,8 @@ def _entry(template: dict, record: Record, samples) -> dict:
 
 
 def _spread(median: float) -> list[float]:
-    """Five samples of median m: p20 = 0.964 m, p80 = 1.036 m (linear interpolation); pytest-benchmark's IQR 0.08 m."""
+    """Five samples of median m: p20 = 0.964 m, p80 = 1.036 m, IQR 0.04 m (linear interpolation;
+    pytest-benchmark's own IQR, 0.08 m, would be wider than p20–p80)."""
     return [0.9 * median, 0.98 * median, median, 1.02 * median, 1.1 * median]
 
 
@@ -114,7 +115,7 @@ def test_rates_roofline_percentages_and_spread(tmp_path):
     assert prefill.tflops == pytest.approx(400.0)
     assert prefill.roofline_percent == pytest.approx(50.0)
     assert prefill.p20_s == pytest.approx(0.964e-3) and prefill.p80_s == pytest.approx(1.036e-3)
-    assert prefill.iqr_s == pytest.approx(0.08e-3)
+    assert prefill.iqr_s == pytest.approx(0.04e-3)
     decode = rows[DECODE + ("vase", "Qwen3-8B B16 C4160")]
     assert decode.gbs == pytest.approx(2800.0)
     assert decode.roofline_percent == pytest.approx(70.0)
@@ -137,7 +138,7 @@ def test_speedups_and_absent_baselines(tmp_path):
     text = report.render(rows, None, 0.05, [])
     prefill_line = next(line for line in text.splitlines() if "| Qwen3-8B B1 T8192 | vase |" in line)
     cells = [cell.strip() for cell in prefill_line.strip("|").split("|")]
-    assert cells[2:] == ["vase", "1.00 ms", "80.0 µs", "964.0 µs – 1.04 ms", "5", "400.0", "50.0 %",
+    assert cells[2:] == ["vase", "1.00 ms", "40.0 µs", "964.0 µs – 1.04 ms", "5", "400.0", "50.0 %",
                          "1.10x", "absent", "absent", "—"]  # fmt: skip
     assert "0.00x" not in text and "| 0.0 |" not in text
     assert "Smoke run" not in text
@@ -156,7 +157,7 @@ def test_prompt_rows_have_a_section_of_their_own_with_the_speedup_over_the_full_
     assert "Kernel: prompt to first token (generate, 1 new token)." in section
     vase_line = next(line for line in section.splitlines() if "| vase-256 |" in line)
     cells = [cell.strip() for cell in vase_line.strip("|").split("|")]
-    assert cells[1:] == ["small-qwen3 B1 P4096", "vase-256", "2.50 s", "200.00 ms", "2.41 s – 2.59 s", "5", "0.80x"]
+    assert cells[1:] == ["small-qwen3 B1 P4096", "vase-256", "2.50 s", "100.00 ms", "2.41 s – 2.59 s", "5", "0.80x"]
 
 
 def test_rows_timed_differently_name_their_timing(tmp_path):
@@ -312,7 +313,8 @@ def test_rows_of_another_device_are_not_compared_and_a_comparison_of_nothing_is_
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == (
         "python -m benchmarks.report: error: argument --compare: no timed row matches one of this run by device, "
-        "suite, kernel, provider and shape (this run: NVIDIA H200); nothing was compared\n"
+        "suite, kernel, provider and shape, with a generated length in common for end-to-end rows "
+        "(this run: NVIDIA H200); nothing was compared\n"
     )
 
 
@@ -335,7 +337,7 @@ def _drop(mapping: dict, key: str) -> None:
 
 @pytest.mark.parametrize(
     "edit, problem",
-    [(lambda d: _drop(d["machine_info"]["vase_bench"], "device"), "malformed record (KeyError: no field 'device')"),
+    [(lambda d: _drop(d["machine_info"]["vase_bench"], "device"), "machine_info.vase_bench.device: missing"),
      (lambda d: d["machine_info"].update(vase_bench="x"), "expected a pytest-benchmark JSON"),
      (lambda d: d["machine_info"]["vase_bench"].update(versions=None),
       "machine_info.vase_bench.versions: expected an object; got None"),
@@ -526,7 +528,8 @@ def test_a_zero_or_nan_median_is_absent_not_a_crash_or_nan(tmp_path, median):
     rows = report.load_runs([path])
     text = report.render(rows, None, 0.05, [])
     line = next(line for line in text.splitlines() if "| Qwen3-8B B1 T8192 | vase |" in line)
-    assert [cell.strip() for cell in line.strip("|").split("|")][3] == "absent"
+    cells = [cell.strip() for cell in line.strip("|").split("|")]
+    assert cells[3:7] == ["absent"] * 4  # median, IQR, p20–p80, samples
     assert "nan" not in text.lower()
     scores = next(line for line in text.splitlines() if "| Qwen3-8B B1 T8192 | vase+scores |" in line)
     assert scores.rstrip("| ").endswith("absent")  # its speed-up over `vase`
@@ -590,17 +593,21 @@ def _edit_run(path: Path, edit) -> Path:
 
 
 def test_a_nan_iqr_or_sample_and_a_missing_peak_are_absent_not_nan(tmp_path):
+    """pytest-benchmark's IQR counts only where the samples are not recorded."""
     def edit(data):
-        data["benchmarks"][0]["stats"]["iqr"] = float("nan")
+        data["benchmarks"][0]["stats"].update(iqr=float("nan"), data=[])
         data["benchmarks"][1]["stats"]["data"][2] = float("nan")
+        data["benchmarks"][2]["stats"]["iqr"] = float("nan")
         del data["machine_info"]["vase_bench"]["roofline"]["copy_gbs"]
 
     rows = report.load_runs([_edit_run(write_synthetic(tmp_path / "r.json", synthetic_rows()), edit)])
     text = report.render(rows, None, 0.05, [])
     assert "nan" not in text.lower()
-    first, second = by_key(rows)[PREFILL + ("vase", "Qwen3-8B B1 T8192")], by_key(rows)[PREFILL + ("vase+scores", "Qwen3-8B B1 T8192")]
-    assert first.iqr_s is None and first.p20_s is not None
-    assert second.iqr_s is not None and second.p20_s is None and second.p80_s is None
+    first, second, third = (by_key(rows)[PREFILL + (provider, "Qwen3-8B B1 T8192")]
+                            for provider in ("vase", "vase+scores", "sdpa"))  # fmt: skip
+    assert first.iqr_s is None and first.p20_s is None
+    assert second.iqr_s is None and second.p20_s is None and second.p80_s is None
+    assert third.iqr_s == pytest.approx(0.04 * 1.1e-3) and third.p20_s is not None
     decode = by_key(rows)[DECODE + ("vase", "Qwen3-8B B16 C4160")]
     assert decode.roofline_percent is None and decode.gbs == pytest.approx(2.8e8 / 1e-4 / 1e9)
     assert first.roofline_percent == pytest.approx(100 * 4e11 / 1e-3 / 1e12 / 800.0)  # the matmul peak is still there
@@ -737,3 +744,48 @@ def test_an_end_to_end_row_is_compared_at_the_lengths_both_runs_reached(tmp_path
     changes = report.compare(report.load_runs([short]), report.load_runs([recorded]), 0.05)
     assert {change.verdict for change in changes} == {"not comparable (no generated length in common)"}
     assert all(change.change is None for change in changes)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:  # rows that match but compare nothing are no pass
+        report.main([str(short), "--out", str(tmp_path / "out"), "--compare", str(recorded)])
+    assert refused.value.code == 2 and "nothing was compared" in capsys.readouterr().err
+
+
+def test_one_sample_has_no_interquartile_range(tmp_path):
+    rows = [(Record(*PREFILL, "vase", "Qwen3-8B B1 T8192", flops=4e11, roofline=MATMUL), [1e-3])]
+    (row,) = report.load_runs([write_synthetic(tmp_path / "one.json", rows)])
+    assert row.median_s == 1e-3 and row.iqr_s is None and row.p20_s == row.p80_s == 1e-3 and row.rounds == 1
+
+
+def test_a_file_without_benchmarks_beside_others_is_noted_not_dropped(tmp_path, capsys):
+    good = write_synthetic(tmp_path / "good.json", synthetic_rows())
+    empty = _edited(tmp_path, lambda data: data.update(benchmarks=[]))
+    assert report.main([str(good), str(empty), "--out", str(tmp_path / "r")]) == 0
+    note = "edited.json (results) holds no benchmark: it adds no row"
+    assert f"note: {note}" in capsys.readouterr().err
+    assert f"Note: {note}." in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_files_of_one_name_are_told_apart_by_their_folders(tmp_path):
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+    paths = [write_synthetic(tmp_path / run / "attention.json", synthetic_rows()) for run in ("a", "b")]
+    assert report.source_labels(paths) == ["a/attention.json", "b/attention.json"]
+    assert report.source_labels([paths[0], tmp_path / "other.json"]) == ["attention.json", "other.json"]
+    with pytest.raises(ValueError, match="is in both a/attention.json and b/attention.json"):
+        report.compare(report.load_runs([paths[0]]), report.load_runs(paths), 0.05)
+
+
+def test_machine_fields_not_recorded_are_absent(tmp_path):
+    def edit(data):
+        del data["datetime"]
+        data["machine_info"]["vase_bench"]["versions"].pop("cuda", None)
+
+    text = report.render(report.load_runs([_edited(tmp_path, edit)]), None, 0.05, [])
+    run_line = next(line for line in text.splitlines() if line.startswith("| #1 |"))
+    cells = [cell.strip() for cell in run_line.strip("|").split("|")]
+    assert cells[6] == "absent" and cells[8] == "absent"  # CUDA, date
+
+
+def test_plot_ticks_of_nearby_lengths_are_one_tick():
+    assert report._spaced_ticks([256, 1019, 1024, 2048, 4096]) == [256, 1024, 2048, 4096]
+    assert report._spaced_ticks([1000, 1100, 1190, 4096]) == [1190, 4096]
