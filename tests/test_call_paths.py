@@ -81,6 +81,30 @@ def test_a_vase_cache_given_to_an_unpatched_model_raises(model, tokenizer):
     cache = VaSECache.for_model(model, FULL, batch_size=1, max_length=64)
     with pytest.raises(RuntimeError, match="not patched.*patch_qwen3"):
         model.generate(**tokenizer(PROMPTS[0]), max_new_tokens=3, **{cache_keyword(model): cache})
+    vase_triton.patch_qwen3(model, FULL)
+    with pytest.raises(RuntimeError, match="not patched.*call it, not its inner model.model"), torch.no_grad():
+        model.model(**tokenizer(PROMPTS[0]), **{cache_keyword(model): cache})
+    assert cache.seen_tokens == 0
+
+
+def test_a_passed_cache_too_small_for_the_return_sequences_is_refused_by_name(model, tokenizer):
+    vase_triton.patch_qwen3(model, FULL)
+    cache = VaSECache.for_model(model, FULL, batch_size=1, max_length=64)
+    with pytest.raises(ValueError, match="num_return_sequences: .* 2 rows, and the cache was made for 1; make it with "
+                                         "batch_size=2"):  # fmt: skip
+        model.generate(**tokenizer(PROMPTS[0]), max_new_tokens=3, do_sample=True, num_return_sequences=2,
+                       **{cache_keyword(model): cache})  # fmt: skip
+    assert cache.seen_tokens == 0
+
+
+def test_unpatching_a_deep_copy_of_a_patched_model_restores_the_copy(model, tokenizer):
+    inputs = tokenizer(PROMPTS[0])
+    want = greedy(model, 4, **inputs)[0]
+    vase_triton.patch_qwen3(model, FULL)
+    copied = vase_triton.unpatch(copy.deepcopy(model))
+    assert not vase_triton.is_patched(copied) and "forward" not in vars(copied) and "generate" not in vars(copied)
+    assert torch.equal(greedy(copied, 4, **inputs)[0], want)
+    assert vase_triton.is_patched(model)
 
 
 # ---------------------------------------------------------------------------- generate conventions
@@ -623,7 +647,7 @@ def test_an_input_too_long_for_a_full_cache_is_refused_before_any_chunk_is_store
     vase_triton.patch_qwen3(model, config)
     cache = VaSECache.for_model(model, config, batch_size=1, max_length=40)
     ids = torch.arange(3, 53).view(1, 50)
-    with pytest.raises(ValueError, match="never evicts; 50 more do not fit"):
+    with pytest.raises(ValueError, match="input_ids: .* never evicts; 50 more do not fit .* larger max_length"):
         model(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache)
     assert cache.seen_tokens == 0 and not cache.in_step
     assert all(int(store.lengths.max()) == 0 for store in cache.stores)
@@ -808,10 +832,12 @@ def test_padding_inside_a_new_turn_is_refused_in_either_mask_form(model, tokeniz
         assert all(torch.equal(store.lengths, before) for store, before in zip(cache.stores, lengths))
 
 
-def test_a_prompt_padded_wider_than_itself_generates_as_the_unpadded_one(model, tokenizer):
+@pytest.mark.parametrize("budget, chunk", [(40, 4096), (24, 16)], ids=["one-piece", "compressed-in-chunks"])
+def test_a_prompt_padded_wider_than_itself_generates_as_the_unpadded_one(model, tokenizer, budget, chunk):
     """Padding a prompt wider (as `pad_to_multiple_of` does) past C = budget + window neither
-    compresses it at prefill nor moves the evictions of its decode steps."""
-    config = VaSEConfig(policy="vase", budget=40, window=8, seed=2)  # C = 48 holds the 45-token prompt
+    compresses it at prefill (C = 48 holds its 45 tokens) nor moves the evictions of its decode
+    steps; prefilled in chunks (C = 32), its real tokens are cut and compressed as without it."""
+    config = VaSEConfig(policy="vase", budget=budget, window=8, seed=2, prefill_chunk_size=chunk)
     vase_triton.patch_qwen3(model, config)
     inputs = tokenizer(PROMPTS[:1])
     width = 56
@@ -827,6 +853,24 @@ def test_a_prompt_padded_wider_than_itself_generates_as_the_unpadded_one(model, 
     assert want_evictions == got_evictions > 0
     assert torch.equal(got[:, width:], want[:, 45:])
     torch.testing.assert_close(got_logits, want_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_a_left_padded_batch_prefilled_one_token_at_a_time_stores_no_padding(model, tokenizer):
+    """One-token chunks over padding are not decode steps: each row holds its real tokens only,
+    and `full` generates what the unpatched model does, through the cache's chunks or transformers'."""
+    inputs = tokenizer(PROMPTS)
+    want = greedy(model, 6, **inputs)[0]
+    want_chunked = greedy(model, 6, **inputs, prefill_chunk_size=1)[0]
+    config = FULL.replace(prefill_chunk_size=1)
+    vase_triton.patch_qwen3(model, config)
+    assert torch.equal(greedy(model, 6, **inputs)[0], want)
+    vase_triton.patch_qwen3(model, FULL)
+    assert torch.equal(greedy(model, 6, **inputs, prefill_chunk_size=1)[0], want_chunked)
+    cache = VaSECache.for_model(model, config, batch_size=len(PROMPTS), max_length=64)
+    with torch.no_grad():
+        model(**inputs, **{cache_keyword(model): cache})
+    real = inputs["attention_mask"].sum(dim=1).to(torch.int32)
+    assert all(torch.equal(store.lengths, real) for store in cache.stores)
 
 
 @torch.no_grad()

@@ -149,7 +149,7 @@ def chunk_observation(
     return 0, False
 
 
-def _shared_padding(valid_lengths: Optional[torch.Tensor], total: int) -> int:
+def shared_padding(valid_lengths: Optional[torch.Tensor], total: int) -> int:
     """Leading tokens of a left-padded input of `total` tokens that pad every row (0 when the
     lengths are not given, or may not be read on the host)."""
     if valid_lengths is None or valid_lengths.numel() == 0 or not host_checks_allowed(valid_lengths):
@@ -456,9 +456,9 @@ class VaSECacheLayer:
         failure (out of memory, an interrupt) may leave it holding part of the new tokens."""
         # Columns that pad every row (an input padded wider than its longest row) are left out, as
         # every pad is: they neither count toward the layer's length nor make it compress early.
-        shared_padding = _shared_padding(valid_lengths, key.shape[2])
-        outputs = [query.new_zeros((*query.shape[:2], shared_padding, query.shape[3]))] if shared_padding else []
-        query, key, value = (t[:, :, shared_padding:] for t in (query, key, value))
+        padding = shared_padding(valid_lengths, key.shape[2])
+        outputs = [query.new_zeros((*query.shape[:2], padding, query.shape[3]))] if padding else []
+        query, key, value = (t[:, :, padding:] for t in (query, key, value))
         new_tokens = key.shape[2]
         if new_tokens == 0:
             return outputs[0]
@@ -472,12 +472,14 @@ class VaSECacheLayer:
             ))  # fmt: skip
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
-    def check_room(self, new_tokens: int) -> None:
-        """Raise unless `new_tokens` more tokens fit (only a policy that never evicts runs out of room)."""
+    def check_room(self, new_tokens: int, name: str = "key") -> None:
+        """Raise unless `new_tokens` more tokens fit (only a policy that never evicts runs out of room);
+        the error names the argument `name` that brought them."""
         if not self.config.evicts and self.length_bound + new_tokens > self.capacity:
             raise ValueError(
-                f"key: the {self.config.policy!r} cache holds {self.capacity} tokens per row and never evicts; "
-                f"{new_tokens} more do not fit next to the {self.length_bound} it may hold"
+                f"{name}: the {self.config.policy!r} cache holds {self.capacity} tokens per row and never evicts; "
+                f"{new_tokens} more do not fit next to the {self.length_bound} it may hold (make it with a larger "
+                "max_length)"
             )
 
     def chunk_bounds(self, new_tokens: int) -> list[tuple[int, int]]:

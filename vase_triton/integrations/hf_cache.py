@@ -23,7 +23,7 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from vase_triton.cache import PrefillScratch, VaSECacheLayer, mark_static
+from vase_triton.cache import PrefillScratch, VaSECacheLayer, mark_static, shared_padding
 from vase_triton.config import VaSEConfig
 from vase_triton.eviction_graph import EvictionGraph, unsupported_reason
 from vase_triton.ops.attention import decode_workspace
@@ -61,7 +61,8 @@ class _PassThroughLayer(CacheLayerMixin):
         if not self.owner.in_step:
             raise RuntimeError(
                 "cache: a VaSECache was handed to a model that vase_triton has not patched (its attention would "
-                "ignore the cache); call vase_triton.patch_qwen3(model) (or patch_qwen2 / patch_llama) first"
+                "ignore the cache); patch the top-level model with vase_triton.patch_qwen3(model) (or patch_qwen2 / "
+                "patch_llama) and call it, not its inner model.model"
             )
         return key_states, value_states
 
@@ -264,6 +265,9 @@ class VaSECache(Cache):
         # begin_step: traced code reads this flag, never the token counts).
         self.is_decode_step = False
         self.step_valid_lengths: Optional[torch.Tensor] = None
+        # Whether a row holds no token yet (all of its input so far was padding): its next token
+        # may be padding too, so a one-token step then reads its mask instead of decoding.
+        self._empty_rows = False
         self._mask_placeholders: dict[torch.device, torch.Tensor] = {}
         self.eviction_graph: Optional[EvictionGraph] = None  # made at the first graph-replayed eviction
         self._checked_model: Optional[weakref.ref] = None  # a weak reference: a cache does not keep its model alive
@@ -366,8 +370,9 @@ class VaSECache(Cache):
     ) -> None:
         """Host-side bookkeeping before a forward pass that adds `num_new_tokens` tokens per row.
 
-        A step of one token on a cache that holds tokens is a decode step: layers that are
-        full evict now, and nothing is read back from the device. With `graph_evictions`
+        A step of one token on a cache whose every row holds tokens is a decode step: layers
+        that are full evict now, and nothing is read back from the device (its mask is not
+        read: a one-token turn may not pad a row). With `graph_evictions`
         (decode steps under CUDA graphs) the evictions of all layers, when they fall on one
         CUDA device, are replayed from one CUDA graph (`vase_triton.eviction_graph`). Any
         other step extends the cache; a 2D `attention_mask` (`[B, seen + T]` or `[B, T]`) gives
@@ -387,7 +392,7 @@ class VaSECache(Cache):
         self.check_mask_layout(num_new_tokens, attention_mask)
         self.step_valid_lengths = None
         self._layers_storing = 0
-        self.is_decode_step = num_new_tokens == 1 and self.seen_tokens > 0
+        self.is_decode_step = num_new_tokens == 1 and self.seen_tokens > 0 and not self._empty_rows
         if self.is_decode_step:
             self._scratch.release()
             for store in self.stores:
@@ -412,6 +417,9 @@ class VaSECache(Cache):
 
     def end_step(self, num_new_tokens: int) -> None:
         """Count the tokens (and the decode step) of the forward pass that `begin_step` opened."""
+        if self.step_valid_lengths is not None:  # a padded step: may a row still be empty?
+            lengths = self.stores[0].tensors.lengths
+            self._empty_rows = host_checks_allowed(lengths) and bool((lengths == 0).any())
         self.seen_tokens += num_new_tokens
         self.decode_steps += self.is_decode_step
         self._close_step()
@@ -497,11 +505,13 @@ class VaSECache(Cache):
                 f"[{batch}, {seen + num_tokens}]; got {list(attention_mask.shape)}"
             )
 
-    def check_prompt_mask(self, num_tokens: int, attention_mask: object) -> None:
+    def check_prompt_mask(self, num_tokens: int, attention_mask: object) -> int:
         """`check_mask_layout` and the padding rules of `begin_step` on a whole prompt's mask (`[B, T]` or
-        `[B, seen + T]`), so that a prompt stored in chunks is refused before its first chunk is stored."""
+        `[B, seen + T]`), so that a prompt stored in chunks is refused before its first chunk is stored.
+
+        Returns the prompt's leading columns that pad every row (each layer leaves them out)."""
         self.check_mask_layout(num_tokens, attention_mask)
-        self._valid_lengths(num_tokens, attention_mask)
+        return shared_padding(self._valid_lengths(num_tokens, attention_mask), num_tokens)
 
     def _valid_lengths(self, num_tokens: int, attention_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         if attention_mask is None:
@@ -554,5 +564,6 @@ class VaSECache(Cache):
         self._scratch.release()
         self.seen_tokens = 0
         self.decode_steps = 0
+        self._empty_rows = False
         self._broken = None
         self._close_step()

@@ -36,7 +36,7 @@ COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotu
 # Modes whose compiled decode steps run under CUDA graphs: evictions are replayed from one too.
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 _CACHE_KWARGS = ("cache", "past_key_values")
-_MISSING = object()
+_PATCHED_ATTRIBUTES = ("forward", "generate")  # instance attributes a patch sets and `unpatch` restores
 
 
 @dataclasses.dataclass
@@ -49,7 +49,7 @@ class _PatchState:
     compiled_forward: Optional[Callable]
     previous_forward: Callable  # what the instance's `forward` was (class method or instance attribute)
     previous_generate: Callable
-    saved_attributes: dict  # instance attributes replaced by the patch (absent: _MISSING)
+    saved_attributes: dict  # the instance attributes (of `_PATCHED_ATTRIBUTES`) the patch replaced
     last_cache: Optional[VaSECache] = None  # the cache `generate` made last, reused when it fits
     eager_layouts: set = dataclasses.field(default_factory=set)  # cache layouts past the recompile limit
 
@@ -120,7 +120,7 @@ def patch_model(
         compiled_forward=_compile(previous_forward, compile_mode),
         previous_forward=previous_forward,
         previous_generate=previous_generate,
-        saved_attributes={attribute: model.__dict__.get(attribute, _MISSING) for attribute in ("forward", "generate")},
+        saved_attributes={name: model.__dict__[name] for name in _PATCHED_ATTRIBUTES if name in model.__dict__},
     )
     model.set_attn_implementation(name)
     model.forward = MethodType(_with_signature_of(type(model).forward, _patched_forward), model)
@@ -134,11 +134,11 @@ def unpatch(model):
     state = patch_state(model)
     if state is None:
         return model
-    for attribute, saved in state.saved_attributes.items():
-        if saved is _MISSING:
-            delattr(model, attribute)
+    for attribute in _PATCHED_ATTRIBUTES:
+        if attribute in state.saved_attributes:
+            setattr(model, attribute, state.saved_attributes[attribute])
         else:
-            setattr(model, attribute, saved)
+            delattr(model, attribute)
     delattr(model, _STATE_ATTR)
     model.set_attn_implementation(state.original_attn_implementation)
     return model
@@ -227,7 +227,7 @@ def _patched_forward(self, *args, **kwargs):
     if new_tokens > 1 or cache.seen_tokens == 0:  # not a decode step (`begin_step` checks those)
         cache.check_writable()
         cache.check_model(self)
-        cache.stores[0].check_room(new_tokens)  # refused whole, before any chunk is stored (layers fill alike)
+        cache.stores[0].check_room(new_tokens, "input_ids")  # refused whole, before any chunk stores
     elif not cache.checked_for(self):  # a decode step of another model than the last checked
         cache.check_model(self)
     chunk = cache.vase_config.prefill_chunk_size  # the cache's chunks (`chunk_bounds`), not the patch's
@@ -239,14 +239,18 @@ def _patched_forward(self, *args, **kwargs):
             f"{chunk} tokens, and a loss over chunks is not computed; compute it from the returned logits, or "
             f"raise prefill_chunk_size to at least {new_tokens}"
         )
-    cache.check_prompt_mask(new_tokens, kwargs.get("attention_mask"))  # before the first chunk stores
     return_dict = kwargs.get("return_dict")
     if return_dict is None:
         return_dict = getattr(self.config, "return_dict", True)
     outputs = []
     keep = kwargs.get("logits_to_keep", 0) or 0
     seen = cache.seen_tokens
-    bounds = cache.stores[0].chunk_bounds(new_tokens)
+    # Checked before the first chunk stores. Columns that pad every row (an input padded wider
+    # than its longest row) are chunks of their own, which store nothing: the real tokens are cut
+    # as they would be without them.
+    padding = cache.check_prompt_mask(new_tokens, kwargs.get("attention_mask"))
+    bounds = [(start, min(padding, start + chunk)) for start in range(0, padding, chunk)]
+    bounds += [(padding + start, padding + stop) for start, stop in cache.stores[0].chunk_bounds(new_tokens - padding)]
     for start, stop in bounds:
         part = _chunk_kwargs(kwargs, new_tokens, seen, start, stop)
         part["return_dict"] = True
@@ -417,11 +421,32 @@ def _patched_generate(self, *args, **kwargs):
         )
     if cache is None and _generation_setting(self, kwargs, "use_cache") is not False:
         kwargs[state.cache_kwarg] = _cache_for_call(self, state, args, kwargs)
+    num_return_sequences = _generation_setting(self, kwargs, "num_return_sequences") or 1
+    if isinstance(cache, VaSECache) and num_return_sequences > 1:
+        rows = _prompt_rows_and_length(args, kwargs)[0] * num_return_sequences
+        if cache.stores[0].batch_size != rows:
+            raise ValueError(
+                f"num_return_sequences: generate repeats each prompt row {num_return_sequences} times, {rows} rows, "
+                f"and the cache was made for {cache.stores[0].batch_size}; make it with batch_size={rows}"
+            )
     output = state.previous_generate(*args, **kwargs)
     returned = (getattr(output, name, None) for name in ("cache", "past_key_values"))
     if state.last_cache is not None and any(held is state.last_cache for held in returned):
         state.last_cache = None  # returned to the caller, who may pass it back: no later call resets it
     return output
+
+
+def _prompt_rows_and_length(args: tuple, kwargs: dict) -> tuple[int, int]:
+    """(rows, tokens) of the prompt a `generate` call was given (one BOS token when it has none)."""
+    inputs = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
+    if inputs is None:
+        inputs = kwargs.get("inputs_embeds")
+    if inputs is not None:
+        if not isinstance(inputs, torch.Tensor) or inputs.dim() < 2 or inputs.shape[0] == 0:
+            raise ValueError(f"input_ids: expected a [B, T] tensor of at least one row; got {_described(inputs)}")
+        return inputs.shape[0], inputs.shape[1]
+    mask = kwargs.get("attention_mask")  # generation starts from the BOS token
+    return (mask.shape[0], mask.shape[1] + 1) if mask is not None else (1, 1)
 
 
 def _cache_for_call(model, state: _PatchState, args: tuple, kwargs: dict) -> VaSECache:
@@ -433,16 +458,7 @@ def _cache_for_call(model, state: _PatchState, args: tuple, kwargs: dict) -> VaS
     recorded over them under `compile_mode="reduce-overhead"` serve again instead of being
     recorded anew.
     """
-    inputs = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
-    if inputs is None:
-        inputs = kwargs.get("inputs_embeds")
-    if inputs is not None:
-        if not isinstance(inputs, torch.Tensor) or inputs.dim() < 2 or inputs.shape[0] == 0:
-            raise ValueError(f"input_ids: expected a [B, T] tensor of at least one row; got {_described(inputs)}")
-        batch, prompt_len = inputs.shape[0], inputs.shape[1]
-    else:  # generation starts from the BOS token
-        mask = kwargs.get("attention_mask")
-        batch, prompt_len = (mask.shape[0], mask.shape[1] + 1) if mask is not None else (1, 1)
+    batch, prompt_len = _prompt_rows_and_length(args, kwargs)
     num_return_sequences = _generation_setting(model, kwargs, "num_return_sequences") or 1
     max_new_tokens = _generation_setting(model, kwargs, "max_new_tokens")
     max_length = _generation_setting(model, kwargs, "max_length", default=False)
