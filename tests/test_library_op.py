@@ -200,3 +200,39 @@ def test_a_cache_on_a_second_gpu_evicts_the_same_whichever_gpu_is_current(policy
         buffers.append([tensor.cpu() for tensor in layer.tensors])
     for name, on_second, on_first in zip(CacheTensors._fields, *buffers):
         assert torch.equal(on_second, on_first), name
+
+
+def _op_calls(device: torch.device) -> dict[str, tuple]:
+    """Each registered op (but the eviction, which `test_eviction_kernel` checks) and arguments
+    that reach its interesting paths: GQA, ragged lengths, scores emitted, a split-K workspace."""
+    gen = torch.Generator().manual_seed(5)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device)
+
+    q, k, v = randn(2, 4, 11, 32), randn(2, 2, 11, 32), randn(2, 2, 11, 32)
+    lens = torch.tensor([11, 5], dtype=torch.int32, device=device)
+    k_cache, v_cache = randn(2, 2, 63, 32), randn(2, 2, 63, 32)
+    cache_lens = torch.tensor([63, 9], dtype=torch.int32, device=device)
+    workspace = ops_attention.decode_workspace(4, k_cache, torch.float32, emit_scores=True)
+    cache = CacheTensors.empty(2, 2, 16, 32, dtype=torch.float32, device=device)
+    cache.lengths.copy_(torch.tensor([3, 14], dtype=torch.int32))
+    return {
+        "prefill_attention": (ops_attention._prefill_attention_op.op, (q, k, v, lens, 0.17, True, 4)),
+        "decode_attention": (decode_attention_op.op, (randn(2, 4, 1, 32), k_cache, v_cache, cache_lens, 0.17,
+                                                      torch.zeros(2, 2, 63, device=device), *workspace)),
+        "candidate_attention": (ops_attention.candidate_attention_op.op,
+                                (randn(2, 4, 3, 32), k_cache, cache_lens,
+                                 torch.tensor([[True, True, False], [True, True, True]], device=device), 0.17)),
+        "append_": (ops_cache_append.append_op.op, (*cache, randn(2, 2, 2, 32), randn(2, 2, 2, 32), "range")),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("name", ["prefill_attention", "decode_attention", "candidate_attention", "append_"])
+def test_registered_ops_declare_what_they_mutate_and_fake_what_they_return(device, monkeypatch, backend, name):
+    """torch.library's own checks: no input is mutated unless the schema says so (torch.compile
+    relies on it), and the fake implementation returns what the op does (shapes, dtypes, strides)."""
+    monkeypatch.setenv("VASE_BACKEND", backend)
+    op, args = _op_calls(device)[name]
+    torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
