@@ -1,25 +1,27 @@
 """Eviction per policy: importance, selection and compaction of one full cache layer, against the reference.
 
-Each timed call restores the prefilled layer's `lengths` (`C`), token positions and scores
-(small copies, in both providers), as the decode steps since the previous eviction would
-have left them, and runs `VaSECacheLayer.evict()`: the policy's importance (for window
-policies the `recompute` scores: the ring of the last `window` queries attending over the
-candidates), then the fused select-and-compact (`vase`) or the PyTorch reference of every
-op (`reference`, `VASE_BACKEND=torch`). Without that restore, the slots an eviction frees
-would enter the next one with position -1 and score 0, and `streaming`, `h2o` and `tova`
-would evict them and move only the window. `vase` rows are timed as CUDA-graph replays, as
-generation under CUDA graphs runs them (`vase_triton.eviction_graph`); the reference reads
-its eviction counter back to the host, which no capture allows, so its rows are timed as
-eager calls, launch overhead included (each row states its timing). An eviction comes once
-every `window` decode steps: the report divides by `window` and shows the result as a
-percentage of one decode attention step of the same shape (the decode suite's `vase` row).
-GB/s counts the select-and-compact traffic only (`CacheShape.eviction_bytes`), with the
-survivors that change slot (the only ones compaction copies) counted on one call.
+Before each timed call the prefilled layer is restored whole (keys, values, magnitudes,
+positions, scores, `lengths` = `C`; untimed: `timing.measure`'s setup), as the decode steps
+since the previous eviction would have left it, and the call runs `VaSECacheLayer.evict()`:
+the policy's importance (for window policies the `recompute` scores: the ring of the last
+`window` queries attending over the candidates), then the fused select-and-compact (`vase`)
+or the PyTorch reference of every op (`reference`, `VASE_BACKEND=torch`). Without that
+restore, the slots an eviction frees would enter the next one with position -1 and score 0
+(`streaming`, `h2o` and `tova` would evict them and move only the window), and the survivors
+of one call would sit compacted in place at the next (`snapkv` and `rkv`, which rank them
+without noise, would keep them and move almost nothing). `vase` rows are timed as CUDA-graph
+replays, as generation under CUDA graphs runs them (`vase_triton.eviction_graph`); the
+reference reads its eviction counter back to the host, which no capture allows, so its rows
+are timed as eager calls, launch overhead included (each row states its timing). An eviction
+comes once every `window` decode steps: the report divides by `window` and shows the result
+as a percentage of one decode attention step of the same shape (the decode suite's `vase`
+row). GB/s counts the select-and-compact traffic only (`CacheShape.eviction_bytes`), with
+the survivors that change slot (the only ones compaction copies) counted on one call.
 
 `eviction vase (emitted)` is `vase` under `score_mode="emitted"`: its importance is the
 window attention that decode accumulated in the score buffer, so the eviction reads no
-keys before compacting. Each timed call restores that buffer from a fixed draw of
-uniform scores (continuous, so sampled evictions spread over the row as real ones do; an
+keys before compacting. Before each timed call that buffer is restored from a fixed draw
+of uniform scores (continuous, so sampled evictions spread over the row as real ones do; an
 eviction clears the buffer). Its percentage is of the decode step that emits those scores
 (the decode suite's `vase+scores` row).
 
@@ -44,6 +46,7 @@ from benchmarks.cache_layers import prefilled_layer
 from benchmarks.records import COPY, DECODE_KERNEL, DECODE_SUITE, MATMUL, Record
 from benchmarks.shapes import BATCH_SIZES, BUDGETS, QWEN3, TINY, CacheShape
 from vase_triton.cache import VaSECacheLayer
+from vase_triton.cache_tensors import CacheTensors
 from vase_triton.config import VaSEConfig
 from vase_triton.policies import POLICIES
 
@@ -62,9 +65,9 @@ SHAPES = profiles.pick({
 
 
 class TimedEviction:
-    """One timed call on the full, prefilled `layer`: restore its lengths (`C`), token positions
-    and scores (`observed` instead, when given) as they were before the first call, then evict
-    (ranking by `importance` when given).
+    """One timed call on the full, prefilled `layer`: evict (ranking by `importance` when given),
+    after `restore()` put back the layer's buffers as they were before the first call (with the
+    scores `observed` instead, when given).
 
     importance, observed: `[B, Hkv, C]` float32, or None.
     """
@@ -73,23 +76,24 @@ class TimedEviction:
                  observed: Optional[torch.Tensor] = None) -> None:  # fmt: skip
         self.layer = layer
         self.importance = importance
-        self.prefilled_positions = layer.positions.clone()  # [B, Hkv, C], distinct in each row
-        self.prefilled_scores = layer.scores.clone() if observed is None else observed
+        prefilled = CacheTensors(*(buffer.clone() for buffer in layer.tensors))  # positions distinct in each row
+        self.prefilled = prefilled if observed is None else prefilled._replace(scores=observed)
+
+    def restore(self) -> None:
+        """The layer as prefilled: full (`C` tokens in every row), scores as observed."""
+        self.layer.tensors.fill_(self.prefilled)
 
     def __call__(self) -> None:
-        layer = self.layer
-        layer.lengths.fill_(layer.capacity)
-        layer.length_bound = layer.capacity
-        layer.positions.copy_(self.prefilled_positions)
-        layer.scores.copy_(self.prefilled_scores)
-        layer.evict(self.importance)
+        self.layer.length_bound = self.layer.capacity  # host-side only: what evict() reads of `restore`
+        self.layer.evict(self.importance)
 
     def moved_survivors(self) -> int:
         """Survivors that change slot in one call, over all rows (compaction copies only those):
         a destination slot whose position changed received a survivor from another slot."""
+        self.restore()
         self()
         budget = self.layer.config.budget
-        return int((self.layer.positions[..., :budget] != self.prefilled_positions[..., :budget]).sum())
+        return int((self.layer.positions[..., :budget] != self.prefilled.positions[..., :budget]).sum())
 
 
 def _time_eviction(benchmark, device, monkeypatch, shape: CacheShape, config: VaSEConfig, implementation: str,
@@ -115,7 +119,7 @@ def _time_eviction(benchmark, device, monkeypatch, shape: CacheShape, config: Va
         per_step=shape.window, relative_to=(DECODE_SUITE, DECODE_KERNEL, decode_provider, shape.name),
         details={"dtype": "bfloat16", "score_mode": config.score_mode, "n_protect": config.resolved_n_protect},
     )  # fmt: skip
-    timing.measure(benchmark, evict, record, graph=implementation == "vase")
+    timing.measure(benchmark, evict, record, graph=implementation == "vase", setup=evict.restore)
     assert bool((layer.lengths == shape.budget).all())
     assert bool((layer.positions[:, :, shape.budget :] == -1).all())
 

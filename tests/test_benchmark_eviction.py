@@ -56,3 +56,19 @@ def test_observed_scores_are_restored_before_each_call(monkeypatch) -> None:
     latest_first = torch.arange(SHAPE.capacity, dtype=torch.float32).expand(2, TINY.kv_heads, -1).contiguous()
     evict = TimedEviction(layer, observed=latest_first)
     assert [evict.moved_survivors() for _ in range(2)] == [ROWS * (SHAPE.budget - config.n_sink)] * 2
+
+
+@pytest.mark.parametrize("policy", ["snapkv", "rkv"])
+def test_every_call_starts_from_the_whole_prefilled_layer(monkeypatch, policy: str) -> None:
+    # Policies that rank by the window's attention without noise would, on a layer whose keys a
+    # previous call compacted, keep the survivors already in place: the restore puts back every
+    # buffer, keys and values included, so each call moves what the first did.
+    monkeypatch.setenv("VASE_BACKEND", "torch")
+    _, layer = _layer(policy)
+    prefilled = [buffer.clone() for buffer in layer.tensors]
+    evict = TimedEviction(layer)
+    first = evict.moved_survivors()
+    assert first > ROWS * SHAPE.window and not torch.equal(layer.keys, prefilled[0])
+    evict.restore()
+    assert all(torch.equal(mine, theirs) for mine, theirs in zip(layer.tensors, prefilled))
+    assert [evict.moved_survivors() for _ in range(2)] == [first] * 2
