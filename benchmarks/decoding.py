@@ -148,11 +148,15 @@ class DecodeSetting:
 
     @property
     def warmup_prompt_tokens(self) -> int:
-        """The untimed run's prompt: the longest sampled one (so that the long-prompt prefill is
-        compiled before timing and a VaSE cache starts full), else `prompt_tokens`."""
+        """The untimed run's prompt: just shorter than the longest sampled one (long, so that the
+        long-prompt prefill is compiled before timing and a VaSE cache starts full; shorter by
+        `WARMUP_STEPS + 1`, so that a full cache's untimed steps attend over key lengths below
+        that run's, whose per-length plans, cuDNN's, they would otherwise build before timing),
+        else `prompt_tokens`."""
         if self.sample_steps is None:
             return self.prompt_tokens
-        return self.prompt_tokens + max(self.checkpoints) - self.sampled_run_tokens
+        longest = self.prompt_tokens + max(self.checkpoints) - self.sampled_run_tokens
+        return max(1, longest - WARMUP_STEPS - 1)
 
     def describe_curve(self) -> str:
         """What a curve point at length L summarises, for the report."""

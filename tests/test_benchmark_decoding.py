@@ -250,14 +250,14 @@ def test_sampled_run_cut_by_its_time_limit_keeps_the_longest_lengths(tiny_model,
 
 
 def test_each_phase_of_a_method_reports_its_seconds(tiny_model, capsys):
-    """A run cut by a GPU session's deadline shows where its time went: the warm-up (from the
-    longest sampled prompt, 16 + 96 - 18 tokens), then each sampled length, longest first, with
+    """A run cut by a GPU session's deadline shows where its time went: the warm-up (from just
+    below the longest sampled prompt, 16 + 96 - 18 - 9 tokens), then each sampled length, longest first, with
     its prompt (16 + L - 18 tokens) and its 16 timed steps, each with the seconds it took."""
     decoding.generate_timed(tiny_model, decoding.HF_DYNAMIC, tiny_setting(sample_steps=16), torch.device("cpu"))
     lines = capsys.readouterr().err.splitlines()
     phases = [line.rsplit(": ", 1)[0] for line in lines]
     assert phases == [
-        f"[hf-dynamic] warm-up, {decoding.WARMUP_STEPS} tokens from a 94-token prompt",
+        f"[hf-dynamic] warm-up, {decoding.WARMUP_STEPS} tokens from a 85-token prompt",
         "[hf-dynamic] length 96, 16 timed steps from a 94-token prompt",
         "[hf-dynamic] length 64, 16 timed steps from a 62-token prompt",
         "[hf-dynamic] length 32, 16 timed steps from a 30-token prompt",
@@ -296,6 +296,22 @@ def test_sample_steps_must_fit_before_the_shortest_checkpoint(sample_steps):
     expected = r"sample_steps: expected 8 \(the untimed run's steps\) to 32 \(the shortest checkpoint, 32,"
     with pytest.raises(ValueError, match=expected):
         tiny_setting(sample_steps=sample_steps)
+
+
+@pytest.mark.parametrize("checkpoints", [(32, 64, 96), (1024, 2048, 4096, 8192, 16384)])
+def test_the_warmup_primes_no_key_length_of_a_timed_step(checkpoints):
+    """A full cache's untimed run (its prompt's last token, then `WARMUP_STEPS` decode steps)
+    attends over key lengths that no timed step of any sampled length does (cuDNN builds and
+    keeps a plan per key length): below the longest run's, above the others' when lengths are
+    further apart than a run."""
+    setting = tiny_setting(prompt_tokens=40, new_tokens=max(checkpoints), checkpoints=checkpoints, sample_steps=16)
+    assert decoding._warmup_tokens(decoding.HF_DYNAMIC, setting) == decoding.WARMUP_STEPS
+    warmup = set(range(setting.warmup_prompt_tokens, setting.warmup_prompt_tokens + decoding.WARMUP_STEPS + 1))
+    for length in checkpoints:
+        prompt = setting.prompt_tokens + length - setting.sampled_run_tokens
+        timed = set(range(prompt + decoding.UNTIMED_SAMPLED_TOKENS, prompt + setting.sampled_run_tokens + 1))
+        assert not warmup & timed
+    assert max(warmup) < setting.prompt_tokens + max(checkpoints) - setting.sampled_run_tokens  # a long prompt
 
 
 def test_the_shortest_sampled_prompt_keeps_a_token():
