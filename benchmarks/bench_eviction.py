@@ -84,7 +84,9 @@ class TimedEviction:
         self.layer.tensors.fill_(self.prefilled)
 
     def __call__(self) -> None:
-        self.layer.length_bound = self.layer.capacity  # host-side only: what evict() reads of `restore`
+        # Host state that evict() reads: set in the call, since a CUDA graph captures what the call
+        # sees after the capture's warm-up eviction, not what `restore` left.
+        self.layer.length_bound = self.layer.capacity
         self.layer.evict(self.importance)
 
     def moved_survivors(self) -> int:

@@ -417,7 +417,9 @@ class VaSECache(Cache):
 
     def end_step(self, num_new_tokens: int) -> None:
         """Count the tokens (and the decode step) of the forward pass that `begin_step` opened."""
-        if self.step_valid_lengths is not None:  # a padded step: may a row still be empty?
+        # A masked step while a row may still be empty: is one still? A row that holds tokens holds
+        # them until `reset()` (an eviction keeps `budget`), so later steps read nothing here.
+        if self.step_valid_lengths is not None and (self.seen_tokens == 0 or self._empty_rows):
             lengths = self.stores[0].tensors.lengths
             self._empty_rows = host_checks_allowed(lengths) and bool((lengths == 0).any())
         self.seen_tokens += num_new_tokens
