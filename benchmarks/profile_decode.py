@@ -2,10 +2,13 @@
 
 Each method of `bench_end_to_end.py`'s active profile is prepared as there (patched and
 compiled as users run it, warmed up with `--warmup` tokens from the setting's warm-up
-prompt: in a sampled setting the longest, so the steps run near its longest length), then
-decodes `--steps` steps twice: once timed by the `StepClock` (median wall time per step), once under
-`torch.profiler`. The table gives the median step, the device's busy time per step (the
-kernels' own durations; CUDA only) and their ratio: a step far longer than its device
+prompt: in a sampled setting near the longest, so the steps run near its longest length), then
+decodes `--steps` steps twice: once timed by the `StepClock` (median wall time per step), once
+under `torch.profiler`. Each pass starts from a prompt as long as the pass before it got, so no
+step attends over a key length an earlier one decoded: a full cache's attention builds cuDNN
+plans per key length on first sight, as every step of a real run does, and a pass over lengths
+already seen would hide that cost. The table gives the median step, the device's busy time per
+step (the kernels' own durations; CUDA only) and their ratio: a step far longer than its device
 time is bound by the host (Python, launches, synchronisation), not by its kernels. On CUDA
 it also counts the compiled graphs inductor left without CUDA graphs while the method ran
 (its `cudagraph_skips` counter; the reason is in the `torch._inductor` warning log). Below
@@ -33,7 +36,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, schedule
 from transformers import StoppingCriteria
 
-from benchmarks.decoding import DecodeSetting, Method, StepClock, build_model, model_dtype, prepared
+from benchmarks.decoding import DecodeSetting, Method, StepClock, build_model, model_dtype, prepared, random_prompts
 from vase_triton.commands.common import choice, comma_list, positive_int
 
 TOP_OPERATIONS = 12
@@ -95,15 +98,33 @@ def step_costs(averages, steps: int, on_device: bool) -> tuple[Optional[float], 
     return device_s, [(name, us / 1e6 / steps, count / steps) for name, us, count in costs]
 
 
+def fitting_steps(setting: DecodeSetting, steps: int, warmup: int) -> int:
+    """The most steps, up to `steps`, that `profile_method` can run after `warmup` tokens within the
+    setting's length (a StaticCache holds no more); 0 where not one fits.
+
+    Its last pass's cache holds the warm-up prompt, the warm-up's tokens and two passes of
+    `steps + 2` tokens but the last one (a run's last token is not stored).
+    """
+    room = setting.prompt_tokens + setting.new_tokens - setting.warmup_prompt_tokens
+    return max(0, min(steps, (room + 1 - warmup) // 2 - 2))
+
+
 def profile_method(model, method: Method, setting: DecodeSetting, device: torch.device, steps: int, warmup: int):
-    """Median step and profiler averages of `steps` decode steps of `method` after `warmup` tokens."""
+    """Median step and profiler averages of `steps` decode steps of `method` after `warmup` tokens.
+
+    The warm-up, the timed pass and the profiled pass decode disjoint key lengths, in that order:
+    each later pass starts from a prompt as long as the earlier ones' prompt and tokens together.
+    """
     skips_before = counters["inductor"]["cudagraph_skips"]
     with prepared(model, method, setting, device, warmup=warmup) as ready:
         # The steps the profiler keeps below: decode steps 2 to steps + 1 (the first warms up).
-        clock = StepClock(setting.prompt_tokens, (), ready.cache, device)
+        prompt_tokens = setting.warmup_prompt_tokens + warmup
+        ready.inputs = random_prompts(model, setting.batch, prompt_tokens, device)
+        clock = StepClock(prompt_tokens, (), ready.cache, device)
         ready.generate(model, steps + 2, stopping_criteria=[clock])
         step_s = statistics.median(clock.seconds_between_stamps()[1:])
         ready.empty_cache(model)
+        ready.inputs = random_prompts(model, setting.batch, prompt_tokens + steps + 2, device)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         # Regions end at each new token: the prefill's is skipped, one decode step warms up, `steps` are kept.
         with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=steps, repeat=1)) as recorded:
@@ -161,11 +182,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     order = {"vase": 0, "dynamic": 1, "static": 2}
     methods = [known[name] for name in args.methods] if args.methods else sorted(METHODS, key=lambda m: order[m.cache])
 
-    # Tokens a run may add to the warm-up prompt within the setting's length (a StaticCache holds no more).
-    room = SETTING.prompt_tokens + SETTING.new_tokens - SETTING.warmup_prompt_tokens
-    steps = min(args.steps, room - 2)
-    if args.warmup > room:
-        parser.error(f"--warmup: expected at most {room} tokens in this profile; got {args.warmup}")
+    steps = fitting_steps(SETTING, args.steps, args.warmup)
+    if steps == 0:
+        most = max((warmup for warmup in range(args.warmup) if fitting_steps(SETTING, 1, warmup)), default=0)
+        parser.error(f"--warmup: expected at most {most} tokens in this profile (it leaves room for two passes "
+                     f"of one step); got {args.warmup}")  # fmt: skip
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
         os.environ["VASE_BACKEND"] = "torch"  # as the end-to-end suite on CPU
@@ -176,8 +197,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
     if steps < args.steps:
-        print(f"--steps: {steps} steps, the most this profile's length allows after its warm-up prompt "
-              f"(asked for {args.steps})", file=sys.stderr)  # fmt: skip
+        print(f"--steps: {steps} steps, the most this profile's length allows after its warm-up prompt and "
+              f"--warmup {args.warmup} (asked for {args.steps})", file=sys.stderr)  # fmt: skip
     results: list[StepProfile] = []
     for method in methods:  # the file is rewritten after each method: an interrupted run keeps what it did
         results.append(profile_method(model, method, SETTING, device, steps, args.warmup))

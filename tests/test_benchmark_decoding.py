@@ -100,13 +100,44 @@ def test_decode_profile_counts_each_steps_operations(tmp_path):
     assert row.rstrip().endswith("| — | — |")  # no device time and no CUDA graphs on CPU
 
 
+def test_decode_profile_passes_decode_key_lengths_no_earlier_pass_reached(monkeypatch):
+    """The warm-up, the timed and the profiled pass decode disjoint key lengths (a full cache's cuDNN
+    plans are built per length on first sight), and as many steps as fit end exactly at the
+    setting's length (a StaticCache holds no more)."""
+    from benchmarks import profile_decode
+    from benchmarks.bench_end_to_end import SETTING as setting
+    from benchmarks.decoding import HF_DYNAMIC, Prepared, build_model
+
+    runs = []  # (prompt tokens, generated tokens) of each generate, in order
+    generate = Prepared.generate
+
+    def recorded(self, model, max_new_tokens, **kwargs):
+        runs.append((self.inputs["input_ids"].shape[1], max_new_tokens))
+        return generate(self, model, max_new_tokens, **kwargs)
+
+    monkeypatch.setattr(Prepared, "generate", recorded)
+    warmup = 2
+    steps = profile_decode.fitting_steps(setting, 10_000, warmup)
+    model = build_model(setting.layout, setting.num_layers, torch.device("cpu"), torch.float32)
+    profile_decode.profile_method(model, HF_DYNAMIC, setting, torch.device("cpu"), steps=steps, warmup=warmup)
+
+    assert runs[0] == (setting.warmup_prompt_tokens, warmup) and [tokens for _, tokens in runs[1:]] == [steps + 2] * 2
+    # A run's decode steps attend over its prompt plus 1 to (its tokens - 1) keys.
+    decoded = [set(range(prompt + 1, prompt + tokens)) for prompt, tokens in runs]
+    assert all(not a & b for i, a in enumerate(decoded) for b in decoded[i + 1:])
+    assert max(decoded[-1]) == setting.prompt_tokens + setting.new_tokens
+    assert profile_decode.fitting_steps(setting, steps - 1, warmup) == steps - 1
+    assert profile_decode.fitting_steps(setting, 1, warmup=setting.new_tokens) == 0
+
+
 @pytest.mark.parametrize(
     "environment, argv, message",
     [({"VASE_BENCH_PROFILE": "bogus"}, [], "VASE_BENCH_PROFILE: expected one of"),
      ({"VASE_BENCH_DECODE_SECONDS": "abc"}, ["--help"], "VASE_BENCH_DECODE_SECONDS: expected"),
      ({"VASE_BENCH_CHECKPOINT": "/nonexistent"}, [], "VASE_BENCH_CHECKPOINT: expected a local model directory"),
-     ({}, ["--out", "{file}"], "--out: expected a directory; {file} is a file")],
-    ids=["profile", "time-limit", "checkpoint", "out-a-file"],
+     ({}, ["--out", "{file}"], "--out: expected a directory; {file} is a file"),
+     ({}, ["--warmup", "23"], "--warmup: expected at most 22 tokens in this profile")],
+    ids=["profile", "time-limit", "checkpoint", "out-a-file", "warmup"],
 )  # fmt: skip
 def test_decode_profile_refuses_its_settings_in_one_line(tmp_path, environment, argv, message):
     a_file = tmp_path / "a-file"
