@@ -1,7 +1,7 @@
 """`VaSECacheLayer`: the static KV cache of one decoder layer, with policy-driven eviction.
 
 Every buffer is allocated once, at construction (or, for buffers sized by the query head
-count when it is not given, at the first prefill), with `C = budget + window` slots per
+count when it is not given, at the first call that stores tokens), with `C = budget + window` slots per
 (sequence, KV head). Decode appends one token per step and attends over the valid slots;
 when the longest sequence reaches `C`, one eviction shrinks every sequence longer than
 `budget` back to `budget` slots (README, Policies). Which sequences are evicted is decided on
@@ -180,7 +180,7 @@ class VaSECacheLayer:
             layer's random streams each eviction takes (`vase_triton.seeding`), advanced by the
             eviction itself, so that an eviction replayed from a CUDA graph draws anew.
         decode workspace: the split-K scratch of decode attention (shared by the layers of a
-            `VaSECache`; owned by a layer built alone).
+            `VaSECache` made with `num_query_heads`; otherwise owned by the layer).
 
     `kv_head_offset`: the model's index of the first KV head this layer holds (a rank's
     first head under tensor parallelism); it keys the eviction draws (`vase_triton.seeding`).
@@ -644,7 +644,8 @@ class VaSECacheLayer:
 
         Window policies: the mean over the last `window` queries and the group's query heads
         (emitted: each query's softmax over all valid slots; recompute: over the candidates
-        only). `tova`: the last query's, averaged over the group. `h2o`: summed over queries.
+        only). `tova`: the last query's, averaged over the group. `h2o`: summed over queries and
+        the group's query heads.
         None for policies that observe nothing.
 
         Args:

@@ -2,7 +2,7 @@
 
 Everything here favours clarity over speed: attention materialises its score
 matrix (prefill one block of queries at a time, so that memory stays bounded),
-eviction uses `topk` / `sort` / `gather`. The exceptions are on a CPU: a decode
+eviction uses `sort` / `gather` / `scatter_`. The exceptions are on a CPU: a decode
 step that keeps no scores, and a prefill's output and log-sum-exp outside float64,
 which PyTorch's fused attention computes (tested against the explicit path, which
 float64 always takes). Optimised code never imports this module; tests compare the

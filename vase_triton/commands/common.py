@@ -101,7 +101,8 @@ def finite_float(low: float = 0.0, high: float = math.inf):
 
 
 # Cache options only some policies use: option -> the `VaSEConfig` field it sets. Given for a
-# policy that would ignore it, it is refused (`why_ignored`); not given, the field's default.
+# policy that would ignore it, it is refused (`why_ignored`); not given, `budget` and `window`
+# come from the caller of `config_from_arguments` and the other fields keep their defaults.
 _POLICY_DEPENDENT_OPTIONS = {
     "--budget": "budget", "--window": "window", "--n-sink": "n_sink", "--protect-values": "protect_values",
     "--n-protect": "n_protect", "--value-stat": "value_stat", "--evict-temperature": "temperature",
@@ -128,7 +129,8 @@ def add_config_arguments(
     group.add_argument("--window", type=positive_int,
                        help=f"recent/observation window and eviction interval (default {default_window or defaults.window})")
     group.add_argument("--n-sink", type=non_negative_int, help=f"first tokens never evicted (default {defaults.n_sink})")
-    group.add_argument("--n-protect", type=non_negative_int, help="value-protected tokens, sinks included (default budget // 4)")
+    group.add_argument("--n-protect", type=non_negative_int,
+                       help="value-protected tokens, sinks included (default min(budget // 4, budget - window))")
     group.add_argument("--protect-values", action=argparse.BooleanOptionalAction, default=None,
                        help="keep the largest value vectors (default: the policy's; on for vase)")
     group.add_argument("--value-stat", choices=VALUE_STATS,

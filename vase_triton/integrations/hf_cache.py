@@ -196,9 +196,11 @@ class VaSECache(Cache):
             rank's); it keys the eviction draws, so that ranks draw independently.
 
     Every buffer is allocated here, once: keys/values `[B, Hkv, C, D]` per layer with
-    `C = budget + window` (or `max_length`), one decode workspace per device. The one
-    exception is the prefill scratch (at most `C + prefill_chunk_size` slots per row, one per
-    device), held only from the first chunk that overflows a layer until decoding starts.
+    `C = budget + window` (or `max_length`), and, given `num_query_heads`, one decode workspace
+    per device and the query rings (without it, each layer allocates its own workspace and ring
+    at its first step). The prefill scratch (at most `C + prefill_chunk_size` slots per row,
+    one per device) is held only from the first chunk that overflows a layer until decoding
+    starts.
     """
 
     def __init__(

@@ -160,7 +160,7 @@ def prefill_attention(
         k, v: `[B, Hkv, Tk, D]`, same dtype and device as `q`, `Hq % Hkv == 0`, `Tq <= Tk`.
         scale: softmax scale, default `1 / sqrt(D)`.
         causal: mask keys after each query's position.
-        kv_lens: `[B]` int32, valid keys per sequence in `[0, Tk]` (default: all `Tk`).
+        kv_lens: `[B]` int32/int64, valid keys per sequence in `[0, Tk]` (default: all `Tk`).
         score_window: `0 <= score_window <= Tq`; number of last queries whose probabilities
             are summed into `scores`.
 
@@ -215,7 +215,7 @@ def decode_attention(
     Args:
         q: `[B, Hq, 1, D]` fp16, bf16 or fp32.
         k_cache, v_cache: `[B, Hkv, C, D]`, same dtype and device as `q`.
-        cache_lens: `[B]` int32, valid slots per sequence in `[0, C]`.
+        cache_lens: `[B]` int32/int64, valid slots per sequence in `[0, C]`.
         scale: softmax scale, default `1 / sqrt(D)`.
         scores: optional `[B, Hkv, C]` float32, contiguous. This step's probabilities,
             summed over each KV group's query heads, are added into it in place; slots at or

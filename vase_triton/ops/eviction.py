@@ -122,8 +122,9 @@ def evict_(
         seed: key of the layer's stream of draws in `[0, 2**63)` (`vase_triton.seeding.stream_key`).
         eviction_index: `[1]` int64 counter on the cache's device, `>= 0`, the draw of the stream
             this eviction takes (`vase_triton.seeding`); None draws at index 0 and keeps no
-            count. A negative counter is refused by the reference and not checked on the Triton
-            path (that would read it back to the host), where it draws numbers of its own.
+            count. A negative counter is refused by the reference when it draws (a temperature of
+            at least `MIN_TEMPERATURE` and no `noise`); it is not checked otherwise, nor on the
+            Triton path (that would read it back to the host), where it draws numbers of its own.
         keep_scores: move scores with their tokens (h2o) instead of resetting them.
         trigger_length: evict rows with `lengths[b] >= trigger_length`, in `[budget, N]`; default `N`.
         noise: optional `[B, Hkv, N]` float32 uniforms replacing the philox draws.
