@@ -691,8 +691,12 @@ def curve_section(rows: Sequence[Row], index: RowIndex) -> list[str]:
 
 def step_bytes(row: Row, point: CurvePoint) -> Optional[int]:
     """Bytes a decode step at `point` reads, as the report counts them: the weights and the KV cache
-    held, once each (a VaSE step reads its valid slots: from its budget to all of them); None for
-    records without the weights' size."""
+    held, once each; None for records without the weights' size.
+
+    A VaSE cache's held bytes are all its buffers (`memory_bytes`): its keys and values, of which
+    a step reads the valid slots (budget to all of them, and every slot at an eviction, one step
+    in `window`), and its query ring and scores, of which it reads a slot; at the H200 record's
+    shape the ring and scores are 8 % of the cache, so its floor is about 1.4 % high."""
     weights = row.record.details.get("weight_bytes")
     return None if weights is None else weights + point.kv_bytes
 
@@ -727,7 +731,8 @@ def _bytes_section(
     if copy_gbs is not None:
         lines += [
             f"Bandwidth roofline: reading the weights ({format_bytes(sized[0].record.details['weight_bytes'])} a "
-            "step, the embedding table aside) and the KV cache held, once each, at this run's copy bandwidth "
+            "step, the embedding table aside) and the KV cache held (all of a VaSE cache's buffers, its query "
+            "ring and scores included), once each, at this run's copy bandwidth "
             f"({format_gbs(copy_gbs)} GB/s) takes the time shown; the share is that time over the mean step:",
             "",
         ]  # fmt: skip
