@@ -1,23 +1,28 @@
-"""Compile-only resource audit of the Triton kernels for H100/H200 (sm_90), no GPU needed.
+"""Compile-only resource audit of the Triton kernels for sm_80 to sm_90 (default H100/H200), no GPU needed.
 
-    python benchmarks/compile_audit.py
+    python benchmarks/compile_audit.py [--capability {80,86,89,90}]
 
 Each public launcher runs on `meta` tensors at the Qwen3-8B production shapes with its
 kernels swapped for recorders, so the audit sees exactly the arguments, constexprs,
-`num_warps` and `num_stages` the launcher chooses. Every recorded launch is then
-specialised the way Triton's JIT does it (pointers and multiples of 16 marked 16-byte
-divisible, integers equal to 1 folded into constants) and compiled ahead of time for
-`cuda:90`; registers and spills are read from the `ptxas -v` log of that compilation.
+`num_warps` and `num_stages` the launcher chooses. The launchers choose as on CUDA device 0
+of the target's profile (`TARGETS`: its opt-in shared memory per block and a representative
+SM count) with no tuned configuration stored: prefill tiles fitted to its shared memory,
+decode splits by its SM count. Every recorded launch is then specialised the way Triton's
+JIT does it (pointers and multiples of 16 marked 16-byte divisible, integers equal to 1
+folded into constants) and compiled ahead of time for `cuda:<capability>` (sm_90a for 90);
+registers and spills are read from the `ptxas -v` log of that compilation.
 Eviction at prefill (`N = T` slots) is audited for prompts of 32k and 128k tokens: rows
 longer than the in-register limit take the tiled selection kernel, whose tiles (and so
 its registers and its compiled variants) do not depend on `N`; the append of such a
 prompt spreads its tokens over many programs. The decode-time selection is also audited
 with 4 and 16 probes a search round at 8 and 16 warps, autotuning candidates.
 
-Prints a markdown table: shared memory per block (limit 227 KiB on H100/H200),
-registers per thread, spill stores/loads, warps and stages. Exits 0 with a message when
-the NVIDIA backend or `ptxas` is unavailable; exits 1 when a kernel exceeds shared
-memory or registers, or spills more than `SPILL_LIMIT_BYTES`.
+Prints a markdown table: shared memory per block (the target's limit: 227 KiB on sm_90,
+163 KiB on sm_80, 99 KiB on sm_86 and sm_89), registers per thread, spill stores/loads,
+warps and stages, headed by the Triton version and the architecture; `benchmarks/audits/`
+keeps it as `compile_sm<capability>_triton-<version>_<date>.md` (`sm90a` for 90). Exits 0
+with a message when the NVIDIA backend or `ptxas` is unavailable; exits 1 when a kernel
+exceeds shared memory or registers, or spills more than `SPILL_LIMIT_BYTES`.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ os.environ["TRITON_ALWAYS_COMPILE"] = "1"
 os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
+import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import io  # noqa: E402
@@ -46,6 +52,9 @@ import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from vase_triton.autotune import device as autotune_device  # noqa: E402
+from vase_triton.autotune import lookup  # noqa: E402
+from vase_triton.autotune.device import SHARED_MEMORY_BY_CAPABILITY, SM90_PROFILE, DeviceProfile  # noqa: E402
 from vase_triton.cache_tensors import CacheTensors  # noqa: E402
 from vase_triton.config import VaSEConfig  # noqa: E402
 from vase_triton.kernels import (  # noqa: E402
@@ -59,12 +68,38 @@ from vase_triton.kernels import (  # noqa: E402
     projected_energy,
 )
 
-CAPABILITY = 90
-SHARED_LIMIT_BYTES = 227 * 1024
 REGISTER_LIMIT = 255
 SPILL_LIMIT_BYTES = 256
-# H100 SXM / H200: streaming multiprocessors, for the decode launcher's split count.
-MULTIPROCESSORS = 132
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A compile target: the architecture ptxas compiles for, the GPUs it stands for and the
+    device profile (capability, shared memory per block, SM count) the launchers see there."""
+
+    arch: str
+    gpus: str
+    profile: DeviceProfile
+
+    @property
+    def capability(self) -> int:
+        major, minor = self.profile.capability
+        return 10 * major + minor
+
+
+def _profile(gpu: str, multiprocessors: int, capability: tuple[int, int]) -> DeviceProfile:
+    """`gpu`'s profile: `multiprocessors` SMs and the opt-in shared memory per block of `capability`."""
+    name = f"{gpu} (sm_{capability[0]}{capability[1]} limits)"
+    return DeviceProfile(name, multiprocessors, capability, SHARED_MEMORY_BY_CAPABILITY[capability])
+
+
+# The audited targets by compute capability, each with one representative GPU's SM count.
+TARGETS = {
+    80: Target("sm_80", "A100", _profile("NVIDIA A100", 108, (8, 0))),
+    86: Target("sm_86", "RTX 3090", _profile("NVIDIA GeForce RTX 3090", 82, (8, 6))),
+    89: Target("sm_89", "RTX 4090", _profile("NVIDIA GeForce RTX 4090", 128, (8, 9))),
+    90: Target("sm_90a", "H100/H200", SM90_PROFILE),  # 132 SMs (H100 SXM, H200), 227 KiB
+}
 
 # Qwen3-8B: 32 query heads, 8 KV heads; budget 4096 + window 64 = 4160 cache slots.
 PREFILL_TOKENS = 8192
@@ -119,10 +154,11 @@ class Audit:
     spill_stores: Optional[int]
     spill_loads: Optional[int]
 
-    def problems(self) -> list[str]:
+    def problems(self, shared_limit: int) -> list[str]:
+        """What exceeds the limits, `shared_limit` bytes of shared memory a block among them."""
         found = []
-        if self.shared_bytes > SHARED_LIMIT_BYTES:
-            found.append("shared memory over 227 KiB")
+        if self.shared_bytes > shared_limit:
+            found.append(f"shared memory over {shared_limit // 1024} KiB")
         if self.registers is not None and self.registers > REGISTER_LIMIT:
             found.append("registers over 255")
         if max(self.spill_stores or 0, self.spill_loads or 0) > SPILL_LIMIT_BYTES:
@@ -154,6 +190,26 @@ def recorded(module, *names: str) -> Iterator[list[Launch]]:
         yield launches
 
 
+@contextlib.contextmanager
+def launched_on(profile: DeviceProfile) -> Iterator[None]:
+    """The launchers choose as on CUDA device 0 of `profile` with no tuned configuration stored:
+    the prefill heuristics' tiles fitted to its shared memory (`lookup.fitted_heuristic`), decode
+    splits by its SM count."""
+    choose_tiles = prefill_attention._tuned_or_heuristic
+
+    def on_cuda(kernel: str, shape, device: torch.device, heuristic):
+        return choose_tiles(kernel, shape, torch.device("cuda", 0), heuristic)
+
+    with (
+        mock.patch.object(autotune_device, "cuda_profile", lambda index: profile),
+        mock.patch.dict(lookup._fitted, clear=True),
+        mock.patch.object(prefill_attention, "tuned_params", lambda kernel, shape, device: None),
+        mock.patch.object(prefill_attention, "_tuned_or_heuristic", on_cuda),
+        mock.patch.object(decode_attention, "_multiprocessor_count", lambda index: profile.multiprocessors),
+    ):
+        yield
+
+
 def _meta(*shape: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device="meta")
 
@@ -175,10 +231,9 @@ def prefill_launches(dtype: torch.dtype, head_dim: int, ragged: bool) -> list[La
 
 
 def _production_splits(batch: int, head_dim: int, dtype: torch.dtype) -> int:
-    """The decode launcher's split count on a CUDA device with `MULTIPROCESSORS` SMs."""
-    with mock.patch.object(decode_attention, "_multiprocessor_count", lambda index: MULTIPROCESSORS):
-        block_n = decode_attention._decode_config(head_dim, dtype).block_n
-        return decode_attention._num_splits(batch, KV_HEADS, CAPACITY, block_n, torch.device("cuda", 0))
+    """The decode launcher's split count on CUDA device 0 (`launched_on`'s SM count)."""
+    block_n = decode_attention._decode_config(head_dim, dtype).block_n
+    return decode_attention._num_splits(batch, KV_HEADS, CAPACITY, block_n, torch.device("cuda", 0))
 
 
 def decode_launches(dtype: torch.dtype, head_dim: int, emit_scores: bool, batch: int) -> list[Launch]:
@@ -315,12 +370,12 @@ def specialise(launch: Launch) -> tuple[dict, dict, dict]:
     return signature, constexprs, attrs
 
 
-def nvidia_backend_available() -> bool:
-    """Whether Triton's NVIDIA backend and the ptxas it uses for sm_90 are installed."""
+def nvidia_backend_available(capability: int) -> bool:
+    """Whether Triton's NVIDIA backend and the ptxas it uses for `capability` are installed."""
     try:
         from triton.backends.nvidia import compiler as nvidia
 
-        path = nvidia.get_ptxas(CAPABILITY).path
+        path = nvidia.get_ptxas(capability).path
     except (ImportError, AttributeError, RuntimeError, TypeError):
         return False
     return path is not None and os.access(path, os.X_OK)
@@ -344,8 +399,8 @@ _BLOCK_LABELS = {
 }  # fmt: skip
 
 
-def audit(launch: Launch, case: str) -> Audit:
-    """Compile one recorded launch for sm_90 and read its resources."""
+def audit(launch: Launch, case: str, capability: int) -> Audit:
+    """Compile one recorded launch for `capability` (90: sm_90a) and read its resources."""
     signature, constexprs, attrs = specialise(launch)
     options = {
         "num_warps": launch.kwargs.get("num_warps", 4),
@@ -355,7 +410,7 @@ def audit(launch: Launch, case: str) -> Audit:
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
         compiled = triton.compile(
-            source, target=triton.backends.compiler.GPUTarget("cuda", CAPABILITY, 32), options=options
+            source, target=triton.backends.compiler.GPUTarget("cuda", capability, 32), options=options
         )
     registers, spill_stores, spill_loads = ptxas_usage(log.getvalue())
     blocks = " ".join(f"{label}{constexprs[name]}" for name, label in _BLOCK_LABELS.items() if name in constexprs)
@@ -444,13 +499,13 @@ def _optional(value: Optional[int]) -> str:
     return "n/a" if value is None else str(value)
 
 
-def render(rows: list[Audit]) -> str:
+def render(rows: list[Audit], shared_limit: int) -> str:
     lines = [
         "| kernel | case | blocks | warps | stages | shared (B) | regs | spill st/ld (B) | status |",
         "|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
-        status = "; ".join(row.problems()) or "ok"
+        status = "; ".join(row.problems(shared_limit)) or "ok"
         lines.append(
             f"| {row.kernel} | {row.case} | {row.blocks} | {row.num_warps} | {row.num_stages} | "
             f"{row.shared_bytes} | {_optional(row.registers)} | "
@@ -459,27 +514,40 @@ def render(rows: list[Audit]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    if not nvidia_backend_available():
+def parse_target(argv: Optional[list[str]] = None) -> Target:
+    """The target of `--capability` in `argv` (default: the command line)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--capability", type=int, choices=sorted(TARGETS), default=90,
+        help="compute capability to compile for and whose limits the launchers see (default: 90, H100/H200)",
+    )  # fmt: skip
+    return TARGETS[parser.parse_args(argv).capability]
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    target = parse_target(argv)
+    if not nvidia_backend_available(target.capability):
         print("compile audit skipped: Triton's NVIDIA backend or its ptxas is not available on this machine")
         return 0
+    shared_limit = target.profile.shared_memory
     compiled: dict[str, Audit] = {}
     rows = []
-    for case, launches in cases():
-        for launch in launches:
-            key = repr((launch.kernel.__name__, specialise(launch), launch.kwargs.get("num_warps"),
-                        launch.kwargs.get("num_stages")))  # fmt: skip
-            if key not in compiled:
-                compiled[key] = audit(launch, case)
-            rows.append(dataclasses.replace(compiled[key], case=case))
-    print(f"## Triton {triton.__version__} kernels compiled for sm_{CAPABILITY}a\n")
-    print(render(rows))
-    failed = [row for row in rows if row.problems()]
+    with launched_on(target.profile):
+        for case, launches in cases():
+            for launch in launches:
+                key = repr((launch.kernel.__name__, specialise(launch), launch.kwargs.get("num_warps"),
+                            launch.kwargs.get("num_stages")))  # fmt: skip
+                if key not in compiled:
+                    compiled[key] = audit(launch, case, target.capability)
+                rows.append(dataclasses.replace(compiled[key], case=case))
+    print(f"## Triton {triton.__version__} kernels compiled for {target.arch}\n")
+    print(render(rows, shared_limit))
+    failed = [row for row in rows if row.problems(shared_limit)]
     if failed:
-        print(f"\n{len(failed)} kernel configuration(s) exceed the H100/H200 limits")
+        print(f"\n{len(failed)} kernel configuration(s) exceed the {target.gpus} ({target.arch}) limits")
         return 1
     print(
-        f"\nall {len(rows)} launches fit: shared <= {SHARED_LIMIT_BYTES} B, registers <= {REGISTER_LIMIT}, "
+        f"\nall {len(rows)} launches fit: shared <= {shared_limit} B, registers <= {REGISTER_LIMIT}, "
         f"spills <= {SPILL_LIMIT_BYTES} B"
     )
     return 0

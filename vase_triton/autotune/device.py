@@ -17,7 +17,7 @@ import torch
 
 # Opt-in shared memory per block by compute capability (bytes), for torch builds whose
 # device properties lack `shared_memory_per_block_optin`.
-_SHARED_MEMORY_BY_CAPABILITY = {
+SHARED_MEMORY_BY_CAPABILITY = {
     (7, 0): 96 * 1024,
     (7, 5): 64 * 1024,
     (8, 0): 163 * 1024,
@@ -71,7 +71,7 @@ def cuda_profile(index: int) -> DeviceProfile:
     """Profile of CUDA device `index` (memoised: device properties are read once)."""
     props = torch.cuda.get_device_properties(index)
     capability = (props.major, props.minor)
-    shared = getattr(props, "shared_memory_per_block_optin", None) or _SHARED_MEMORY_BY_CAPABILITY.get(
+    shared = getattr(props, "shared_memory_per_block_optin", None) or SHARED_MEMORY_BY_CAPABILITY.get(
         capability, 48 * 1024
     )
     registers = getattr(props, "regs_per_multiprocessor", None) or _REGISTERS_PER_BLOCK
