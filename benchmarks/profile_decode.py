@@ -100,13 +100,22 @@ def step_costs(averages, steps: int, on_device: bool) -> tuple[Optional[float], 
 
 def fitting_steps(setting: DecodeSetting, steps: int, warmup: int) -> int:
     """The most steps, up to `steps`, that `profile_method` can run after `warmup` tokens within the
-    setting's length (a StaticCache holds no more); 0 where not one fits.
+    setting's length (a StaticCache holds no more); 0 where not one fits (`warmup` over `most_warmup`).
 
     Its last pass's cache holds the warm-up prompt, the warm-up's tokens and two passes of
     `steps + 2` tokens but the last one (a run's last token is not stored).
     """
-    room = setting.prompt_tokens + setting.new_tokens - setting.warmup_prompt_tokens
-    return max(0, min(steps, (room + 1 - warmup) // 2 - 2))
+    return max(0, min(steps, (_room(setting) + 1 - warmup) // 2 - 2))
+
+
+def most_warmup(setting: DecodeSetting) -> int:
+    """The most warm-up tokens that leave room for two passes of one step (3 tokens each, the last not stored)."""
+    return _room(setting) - 5
+
+
+def _room(setting: DecodeSetting) -> int:
+    """Tokens the warm-up and the passes may add to the warm-up prompt within the setting's length."""
+    return setting.prompt_tokens + setting.new_tokens - setting.warmup_prompt_tokens
 
 
 def profile_method(model, method: Method, setting: DecodeSetting, device: torch.device, steps: int, warmup: int):
@@ -184,9 +193,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     steps = fitting_steps(SETTING, args.steps, args.warmup)
     if steps == 0:
-        most = max((warmup for warmup in range(args.warmup) if fitting_steps(SETTING, 1, warmup)), default=0)
-        parser.error(f"--warmup: expected at most {most} tokens in this profile (it leaves room for two passes "
-                     f"of one step); got {args.warmup}")  # fmt: skip
+        parser.error(f"--warmup: expected at most {most_warmup(SETTING)} tokens in this profile (it leaves room "
+                     f"for two passes of one step); got {args.warmup}")  # fmt: skip
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
         os.environ["VASE_BACKEND"] = "torch"  # as the end-to-end suite on CPU

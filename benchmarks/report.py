@@ -695,8 +695,9 @@ def step_bytes(row: Row, point: CurvePoint) -> Optional[int]:
 
     A VaSE cache's held bytes are all its buffers (`memory_bytes`): its keys and values, of which
     a step reads the valid slots (budget to all of them, and every slot at an eviction, one step
-    in `window`), and its query ring and scores, of which it reads a slot; at the H200 record's
-    shape the ring and scores are 8 % of the cache, so its floor is about 1.4 % high."""
+    in `window`), and the rest (per-slot positions, value magnitudes and scores, the query ring,
+    the decode workspace), of which it reads a part; at the H200 record's shape the rest is 8 %
+    of the cache, so its floor is about 1.4 % high."""
     weights = row.record.details.get("weight_bytes")
     return None if weights is None else weights + point.kv_bytes
 
@@ -732,7 +733,7 @@ def _bytes_section(
         lines += [
             f"Bandwidth roofline: reading the weights ({format_bytes(sized[0].record.details['weight_bytes'])} a "
             "step, the embedding table aside) and the KV cache held (all of a VaSE cache's buffers, its query "
-            "ring and scores included), once each, at this run's copy bandwidth "
+            "ring, scores and workspace included), once each, at this run's copy bandwidth "
             f"({format_gbs(copy_gbs)} GB/s) takes the time shown; the share is that time over the mean step:",
             "",
         ]  # fmt: skip

@@ -47,14 +47,46 @@ def targets() -> dict:
     return {int(capability): found for capability, found in json.loads(result.stdout).items()}
 
 
-def test_each_capability_compiles_for_its_architecture_within_its_shared_memory(targets):
-    chosen = {capability: (found["arch"], found["capability"], found["shared"]) for capability, found in targets.items()}
-    assert chosen == {
-        80: ("sm_80", 80, 163 * 1024),
-        86: ("sm_86", 86, 99 * 1024),
-        89: ("sm_89", 89, 99 * 1024),
-        90: ("sm_90a", 90, 227 * 1024),  # the default
-    }
+# `main` with each launch's compilation replaced by a row of the shared bytes given first: which
+# capabilities it compiled for, its exit code and what it printed.
+_MAIN = """
+import contextlib, io, json, sys
+from unittest import mock
+from benchmarks import compile_audit as audit
+
+shared, argv = int(sys.argv[1]), sys.argv[2:]
+compiled_for = set()
+
+def compile_as(launch, case, capability):
+    compiled_for.add(capability)
+    return audit.Audit(launch.kernel.__name__, case, "", 4, 1, shared, 32, 0, 0)
+
+out = io.StringIO()
+with mock.patch.object(audit, "audit", compile_as), \\
+        mock.patch.object(audit, "nvidia_backend_available", lambda capability: True), \\
+        contextlib.redirect_stdout(out):
+    code = audit.main(argv)
+lines = out.getvalue().strip().splitlines()
+print(json.dumps(dict(code=code, compiled_for=sorted(compiled_for), header=lines[0], last=lines[-1])))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv, shared, code, header, last",
+    [([], 227 * 1024, 0, "compiled for sm_90a", "all 165 launches fit: shared <= 232448 B"),
+     ([], 227 * 1024 + 1, 1, "compiled for sm_90a", "exceed the H100/H200 (sm_90a) limits"),
+     (["--capability", "80"], 163 * 1024 + 1, 1, "compiled for sm_80", "exceed the A100 (sm_80) limits"),
+     (["--capability", "86"], 99 * 1024, 0, "compiled for sm_86", "all 165 launches fit: shared <= 101376 B"),
+     (["--capability", "86"], 99 * 1024 + 1, 1, "compiled for sm_86", "exceed the RTX 3090 (sm_86) limits"),
+     (["--capability", "89"], 99 * 1024 + 1, 1, "compiled for sm_89", "exceed the RTX 4090 (sm_89) limits")],
+)  # fmt: skip
+def test_each_capability_compiles_for_its_architecture_within_its_shared_memory(argv, shared, code, header, last):
+    result = _run("-c", _MAIN, str(shared), *argv)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.splitlines()[-1])
+    capability = int(argv[1]) if argv else 90
+    assert found["code"] == code and found["compiled_for"] == [capability]
+    assert found["header"].endswith(header) and last in found["last"]
 
 
 def test_launchers_fit_prefill_stages_and_split_decode_by_the_targets_profile(targets):

@@ -191,7 +191,7 @@ class VaSECache(Cache):
         dtype, device: of the key/value buffers; `device` may be one device or one per layer.
         max_length: total tokens (prompt + new) a policy that never evicts must hold; ignored otherwise.
         num_query_heads: query heads held by this process (sizes the decode workspaces and
-            the query rings here); None sizes them at the first prefill.
+            the query rings here); None: each layer sizes its own at its first step.
         kv_head_offset: the model's index of the first KV head held here (a tensor-parallel
             rank's); it keys the eviction draws, so that ranks draw independently.
 
