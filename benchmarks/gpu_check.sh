@@ -7,33 +7,37 @@
 #   VASE_BENCH_COMMIT=<commit> bash benchmarks/gpu_check.sh OUT_DIR    # a copy without .git
 #   VASE_GPU_CHECK_STEPS="attention eviction prompt paper" VASE_GPU_CHECK_SECONDS=540 bash benchmarks/gpu_check.sh OUT_DIR
 #
-# VASE_GPU_CHECK_STEPS: the steps to run, by name (default: all but `prompt` and `paper`):
-# tests autotune attention eviction profile prompt end_to_end paper. `paper` is the paper
-# protocol's estimate (bench_paper_throughput.py, `gpu` profile, minutes of Qwen3-14B
-# prefills and decoding) and `prompt` a prompt to its first token (bench_prompt.py, 8k and
-# 32k tokens): they do not fit beside the others, so a second call runs them, with what
-# else it wants.
+# VASE_GPU_CHECK_STEPS: the steps to run, by name (default: all but `profile`, `prompt` and
+# `paper`): tests autotune attention eviction profile prompt end_to_end paper. `paper` is the
+# paper protocol's estimate (bench_paper_throughput.py, `gpu` profile, minutes of Qwen3-14B
+# prefills and decoding), `prompt` a prompt to its first token (bench_prompt.py, 8k and 32k
+# tokens) and `profile` the decode step profile of the end-to-end methods: they do not
+# fit beside the others, so a second call runs them, with what else it wants.
 # VASE_GPU_CHECK_SECONDS: the deadline of the steps before the report (default 420). The
 # `end_to_end` and `paper` steps each take the time left before it, so a run names one of them.
 #
 # Time budget (seconds; the whole script stays under 8 minutes):
 #   environment                        ~5   (each command under a timeout, as is `autotune --show`)
-#   CUDA tests                         140  (limit; 8 processes: ~130 s on an H200, 16 were no faster)
+#   CUDA tests                         140  (limit; 8 processes: ~130 s on an H200, 16 were no faster;
+#                                           the reference's CPU-only tests are left to CI)
 #   autotuning                          60  (limit) Qwen3-8B decode-time kernels, batch 16, budget 4096:
 #                                           the default-vs-tuned table and the stored file
-#   attention benchmarks                60  (limit) prefill + decode (last, decode at forced split counts);
+#   attention benchmarks                75  (limit) prefill + decode (last, decode at forced split counts);
 #                                           roofline measured in the session
 #   eviction benchmarks                 60  (limit) eviction per policy, a vase eviction's two parts,
 #                                           emitted-mode eviction, score modes
-#   decode step profile                 60  (limit) host against device time of each end-to-end
-#                                           method's decode step, and its top kernels
+#   decode step profile                 90  (limit; only when named) host against device time of each
+#                                           end-to-end method's decode step (vase-2048, then hf-dynamic,
+#                                           ...), and its top kernels
 #   prompt to first token               60  (limit; only when named) DynamicCache and VaSE-2048,
 #                                           Qwen3-8B layout at 4 layers, 8k and 32k tokens
 #   end-to-end decoding                ~30+ what is left of the first 420 s (VASE_GPU_CHECK_SECONDS), shared by its four
 #                                           methods as they go (VASE_BENCH_DECODE_DEADLINE), less
 #                                           their compilation and warm-up (30 s compiled, 5 s eager)
 #   report                              20  (limit)
-#   worst case              420 + 20 + 6 x 10 (interrupt grace) = 480
+#   worst case              420 + 10 + 20 + 10 = 460: a step cut at the deadline and the report
+#                                           may each take the 10 s interrupt grace (a step cut at its
+#                                           own limit takes it from the steps after it)
 #   (with VASE_GPU_CHECK_SECONDS=S and the paper step alone after the short ones: S + 20 + 4 x 10,
 #   and 10 more with the prompt step; keep that under the caller's own limit)
 #
@@ -43,8 +47,8 @@
 # pytest-benchmark (matplotlib for the plots); the repository is used in place (no install).
 # `VASE_BENCH_PROFILE=smoke` runs the same steps on a CPU machine: a dry run of this script.
 set -uo pipefail
-default_steps="tests autotune attention eviction profile end_to_end"
-known_steps="$default_steps prompt paper"
+default_steps="tests autotune attention eviction end_to_end"
+known_steps="$default_steps profile prompt paper"
 steps="${VASE_GPU_CHECK_STEPS:-$default_steps}"
 # wanted NAME: whether VASE_GPU_CHECK_STEPS names the step.
 wanted() { [[ " $steps " == *" $1 "* ]]; }
@@ -111,7 +115,9 @@ cat "$out/environment.txt"
 
 # The GPU's host has many cores: the tests (and their Triton and inductor compilations) run in
 # 8 processes sharing the GPU, by pytest-xdist when installed, else by benchmarks.parallel_tests
-# (one log per process under OUT_DIR/tests). One process would need about 5 minutes.
+# (one log per process under OUT_DIR/tests). One process would need about 5 minutes. The
+# `test_reference_*` tests check the PyTorch reference on CPU tensors: CI runs them.
+cuda_only='not test_reference_'
 cuda_tests=(
   tests/test_prefill_attention.py tests/test_decode_attention.py tests/test_candidate_attention.py
   tests/test_attention_compile.py tests/test_cache_append.py tests/test_eviction_kernel.py tests/test_sampling.py
@@ -121,9 +127,11 @@ cuda_tests=(
   tests/test_call_paths.py tests/test_autotune_lookup.py tests/test_eviction_graph.py tests/test_library_op.py
 )
 if $python -c "import xdist" 2>/dev/null; then
-  run_step tests 140 $python -m pytest -q -p no:cacheprovider -rfEs --durations=15 -n 8 "${cuda_tests[@]}"
+  run_step tests 140 $python -m pytest -q -p no:cacheprovider -rfEs --durations=15 -n 8 -k "$cuda_only" \
+    "${cuda_tests[@]}"
 else
-  run_step tests 140 $python -m benchmarks.parallel_tests --jobs 8 --log-dir "$out/tests" "${cuda_tests[@]}"
+  run_step tests 140 $python -m benchmarks.parallel_tests --jobs 8 --log-dir "$out/tests" -k "$cuda_only" \
+    "${cuda_tests[@]}"
 fi
 
 # Autotuning into OUT_DIR (the benchmarks below keep the launchers' heuristics): the
@@ -137,7 +145,7 @@ if wanted autotune; then
   VASE_AUTOTUNE_DIR="$out/autotune" timeout 30 $python -m vase_triton autotune --show > "$out/autotune_stored.txt" 2>&1
 fi
 
-run_step attention 60 $python -m pytest -q -p no:cacheprovider \
+run_step attention 75 $python -m pytest -q -p no:cacheprovider \
   benchmarks/bench_prefill.py benchmarks/bench_decode.py --benchmark-json "$out/attention.json"
 
 run_step eviction 60 $python -m pytest -q -p no:cacheprovider \
@@ -147,7 +155,7 @@ run_step eviction 60 $python -m pytest -q -p no:cacheprovider \
 # decoding steps: a decode step that skipped CUDA graphs or recompiled shows there. The 64
 # profiled steps of a VaSE cache, full from its prompt, hold one eviction (one a window), so
 # its per-step device time includes an eviction's share as in steady decoding.
-run_step profile 60 env TORCH_LOGS="perf_hints,recompiles" \
+run_step profile 90 env TORCH_LOGS="perf_hints,recompiles" \
   $python -m benchmarks.profile_decode --steps 64 --warmup 8 --out "$out"
 
 run_step prompt 60 $python -m pytest -q -s -p no:cacheprovider \
@@ -169,14 +177,18 @@ run_step paper "$left" $python -m pytest -q -s -p no:cacheprovider \
 
 deadline=$(($(date +%s) + 20))
 results=()
+benchmarks_named=0
 for name in attention eviction prompt end_to_end paper; do
+  wanted "$name" && benchmarks_named=1
   [[ -f "$out/$name.json" ]] && results+=("$out/$name.json")
 done
 if ((${#results[@]})); then
   run_step report 20 $python -m benchmarks.report "${results[@]}" --out "$out"
-else
+elif ((benchmarks_named)); then
   echo "== report: no benchmark JSON was written" | tee -a "$out/steps.txt"
   status=1
+else
+  echo "== report: no benchmark step was named" | tee -a "$out/steps.txt"
 fi
 echo "total: $(($(date +%s) - start))s; results in $out"
 exit "$status"

@@ -1,12 +1,13 @@
 """Run pytest tests in several processes at once: `gpu_check.sh`'s fallback where pytest-xdist is absent.
 
-    python -m benchmarks.parallel_tests --jobs 8 --log-dir OUT/tests tests/test_a.py tests/test_b.py
+    python -m benchmarks.parallel_tests --jobs 8 --log-dir OUT/tests [-k EXPRESSION] tests/test_a.py tests/test_b.py
 
 Run it from the tests' rootdir (the repository root): node ids are relative to it.
 
-Collects the tests of the given files once, deals their node ids out to `--jobs` groups in
-turn (neighbouring parametrisations, which compile alike, land in different groups) and runs
-each group in its own `python -m pytest` process, all at once. Each group writes
+Collects the tests of the given files once (those `-k` selects, as pytest's `-k`), deals
+their node ids out to `--jobs` groups in turn (neighbouring parametrisations, which compile
+alike, land in different groups) and runs each group in its own `python -m pytest` process,
+all at once. Each group writes
 `LOG_DIR/group-<i>.log`; this prints every group's failures and its summary line, and exits
 with the first non-zero status of a group (0 when every group passed, or when no test was
 collected). SIGINT and SIGTERM are passed on to the groups, which then report the tests they
@@ -37,10 +38,12 @@ def _child_defaults() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def collect(files: list[str]) -> list[str]:
-    """Node ids of the tests in `files`, in collection order."""
+def collect(files: list[str], keyword: str | None = None) -> list[str]:
+    """Node ids of the tests in `files` (those pytest's `-k keyword` selects), in collection order."""
+    selection = [] if keyword is None else ["-k", keyword]
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "--verbosity=-1", "-p", "no:cacheprovider", *files],
+        [sys.executable, "-m", "pytest", "--collect-only", "--verbosity=-1", "-p", "no:cacheprovider", *selection,
+         *files],
         capture_output=True, text=True,
     )  # fmt: skip
     if result.returncode not in (0, _EXIT_NO_TESTS):
@@ -68,11 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="+", help="test files (or node ids) to run")
     parser.add_argument("--jobs", type=int, default=8, help="pytest processes at once (default 8)")
     parser.add_argument("--log-dir", type=Path, required=True, help="where each group's log goes")
+    parser.add_argument("-k", dest="keyword", help="run only the tests this pytest -k expression selects")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs: expected a positive number of processes; got {args.jobs}")
 
-    node_ids = collect(args.files)
+    node_ids = collect(args.files, args.keyword)
     groups = deal(node_ids, args.jobs)
     print(f"{len(node_ids)} tests in {len(groups)} processes")
     args.log_dir.mkdir(parents=True, exist_ok=True)

@@ -145,6 +145,14 @@ def profile_method(model, method: Method, setting: DecodeSetting, device: torch.
     return StepProfile(method.name, step_s, device_s, operations, skips)
 
 
+def default_order(methods: Sequence[Method]) -> list[Method]:
+    """VaSE's methods first, then the uncompiled full cache, SDPA's default backends (whose
+    per-length cuDNN plans a profile is to show) before a limited choice: a run cut short still
+    profiles them; the compiled StaticCache, slowest to prepare, comes last."""
+    rank = {"vase": 0, "dynamic": 1, "static": 2}
+    return sorted(methods, key=lambda method: (rank[method.cache], method.sdpa_backends is not None))
+
+
 def render(results: Sequence[StepProfile], setting: DecodeSetting, device: torch.device, steps: int) -> str:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke: not a measurement)"
     lines = [
@@ -186,10 +194,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         parser.error(f"--out: expected a directory; {args.out} is a file")
-    # By default VaSE's methods come first, then the uncompiled full cache: a run cut short
-    # still profiles them; the compiled StaticCache, slowest to prepare, comes last.
-    order = {"vase": 0, "dynamic": 1, "static": 2}
-    methods = [known[name] for name in args.methods] if args.methods else sorted(METHODS, key=lambda m: order[m.cache])
+    methods = [known[name] for name in args.methods] if args.methods else default_order(METHODS)
 
     steps = fitting_steps(SETTING, args.steps, args.warmup)
     if steps == 0:

@@ -131,6 +131,17 @@ def test_decode_profile_passes_decode_key_lengths_no_earlier_pass_reached(monkey
     assert [profile_decode.fitting_steps(setting, 1, warmup) for warmup in (most, most + 1)] == [1, 0]
 
 
+def test_decode_profile_takes_vase_then_the_default_full_cache_first():
+    """A profile cut by its time limit (gpu_check.sh's 90 s) keeps VaSE's step and the default
+    DynamicCache's, whose per-length cuDNN plans it is to show; the compiled StaticCache comes last."""
+    from benchmarks import profile_decode
+    from benchmarks.decoding import HF_DYNAMIC, HF_DYNAMIC_NO_CUDNN, HF_STATIC, vase_method
+
+    methods = [vase_method(2048), HF_STATIC, HF_DYNAMIC_NO_CUDNN, HF_DYNAMIC]  # the gpu profile's, in its order
+    ordered = [method.name for method in profile_decode.default_order(methods)]
+    assert ordered == ["vase-2048", "hf-dynamic", "hf-dynamic-no-cudnn", "hf-static"]
+
+
 @pytest.mark.parametrize(
     "environment, argv, message",
     [({"VASE_BENCH_PROFILE": "bogus"}, [], "VASE_BENCH_PROFILE: expected one of"),

@@ -55,3 +55,17 @@ def test_the_prompt_and_paper_steps_write_their_rows_and_the_report(tmp_path: Pa
     assert "## the paper's throughput protocol" in report and "## prompt" in report
     for method in methods + prompt_rows:
         assert f"| {method} |" in report, method
+
+
+def test_the_profile_step_alone_profiles_vase_and_the_default_full_cache_first_and_needs_no_report(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    result = _run(out, VASE_GPU_CHECK_STEPS="profile")
+    assert result.returncode == 0, result.stdout + result.stderr
+    steps = (out / "steps.txt").read_text().splitlines()
+    assert [line.split(":")[0] for line in steps] == ["== profile", "== report"], steps
+    assert steps[-1] == "== report: no benchmark step was named" and not (out / "report.md").exists()
+    rows = [line.split("|")[1].strip() for line in (out / "profile.md").read_text().splitlines()
+            if line.startswith("| ") and " ms |" in line]  # fmt: skip
+    assert rows == ["vase-32", "hf-dynamic", "hf-dynamic-no-cudnn", "hf-static"], rows

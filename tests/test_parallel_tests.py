@@ -69,6 +69,13 @@ def test_all_passing_groups_exit_zero(suite: Path, tmp_path: Path) -> None:
     assert "3 tests in 2 processes" in result.stdout
 
 
+def test_a_keyword_expression_runs_only_the_tests_it_selects(suite: Path, tmp_path: Path) -> None:
+    # As gpu_check.sh leaves the reference's CPU tests out of the CUDA run.
+    result = _run(tmp_path, "-k", "not test_one_ and not test_even[1]", "test_good.py", "test_bad.py")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 tests in 2 processes" in result.stdout and "FAILED" not in result.stdout
+
+
 @pytest.mark.parametrize("options", ["-q", "-qq", "-v"])
 def test_verbosity_options_in_the_environment_change_nothing(suite: Path, tmp_path: Path, options: str) -> None:
     result = _run(tmp_path, "test_good.py", "test_bad.py", PYTEST_ADDOPTS=options)
