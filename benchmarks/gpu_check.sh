@@ -35,11 +35,12 @@
 #                                           methods as they go (VASE_BENCH_DECODE_DEADLINE), less
 #                                           their compilation and warm-up (30 s compiled, 5 s eager)
 #   report                              20  (limit)
-#   worst case              420 + 10 + 20 + 10 = 460: a step cut at the deadline and the report
-#                                           may each take the 10 s interrupt grace (a step cut at its
-#                                           own limit takes it from the steps after it)
-#   (with VASE_GPU_CHECK_SECONDS=S and the paper step alone after the short ones: S + 20 + 4 x 10,
-#   and 10 more with the prompt step; keep that under the caller's own limit)
+#   worst case              420 + 10 + 15 + 20 + 10 = 475: the step cut at the deadline and the
+#                                           report may each take the 10 s interrupt grace (a step cut
+#                                           at its own limit takes it from the steps after it), and
+#                                           `autotune --show` its 15 s timeout outside the deadline
+#   (with VASE_GPU_CHECK_SECONDS=S: S + 55 at most, whatever the steps; keep that under the
+#   caller's own limit)
 #
 # Each step runs under `timeout -s INT`: pytest, interrupted, still writes the JSON of the
 # rows it finished. A step that fails or is cut short does not stop the next; the exit
@@ -142,7 +143,7 @@ if wanted autotune; then
   run_step autotune 60 env VASE_AUTOTUNE_DIR="$out/autotune" $python -m vase_triton autotune \
     --config "$out/qwen3_8b_config.json" --batch 16 --budget 4096 --prompt-len 1024 --dtype bfloat16 \
     --kernels decode,decode_combine,append,evict_select,evict_compact --time-limit 45
-  VASE_AUTOTUNE_DIR="$out/autotune" timeout 30 $python -m vase_triton autotune --show > "$out/autotune_stored.txt" 2>&1
+  VASE_AUTOTUNE_DIR="$out/autotune" timeout 15 $python -m vase_triton autotune --show > "$out/autotune_stored.txt" 2>&1
 fi
 
 run_step attention 75 $python -m pytest -q -p no:cacheprovider \
