@@ -100,17 +100,20 @@ def step_costs(averages, steps: int, on_device: bool) -> tuple[Optional[float], 
 
 def fitting_steps(setting: DecodeSetting, steps: int, warmup: int) -> int:
     """The most steps, up to `steps`, that `profile_method` can run after `warmup` tokens within the
-    setting's length (a StaticCache holds no more); 0 where not one fits (`warmup` over `most_warmup`).
-
-    Its last pass's cache holds the warm-up prompt, the warm-up's tokens and two passes of
-    `steps + 2` tokens but the last one (a run's last token is not stored).
-    """
-    return max(0, min(steps, (_room(setting) + 1 - warmup) // 2 - 2))
+    setting's length (a StaticCache holds no more); 0 where not one fits (`warmup` over `most_warmup`)."""
+    spare = _room(setting) - _tokens_stored(0, warmup)  # each step adds one token to each pass
+    return max(0, min(steps, spare // 2))
 
 
 def most_warmup(setting: DecodeSetting) -> int:
-    """The most warm-up tokens that leave room for two passes of one step (3 tokens each, the last not stored)."""
-    return _room(setting) - 5
+    """The most warm-up tokens that leave room for two passes of one step."""
+    return _room(setting) - _tokens_stored(1, 0)
+
+
+def _tokens_stored(steps: int, warmup: int) -> int:
+    """Tokens past the warm-up prompt in the last pass's cache: the warm-up's, then two passes of
+    `steps + 2` tokens but the last one (a run's last token is not stored)."""
+    return warmup + 2 * (steps + 2) - 1
 
 
 def _room(setting: DecodeSetting) -> int:
